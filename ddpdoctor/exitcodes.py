@@ -1,0 +1,30 @@
+"""Exit codes of the ``ddpdoctor`` command, in one place (documented in ``--help`` and README)."""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["ExitCode"]
+
+
+class ExitCode(enum.IntEnum):
+    """Process exit codes.
+
+    OK: nothing worse than a warning (with ``--strict``: nothing worse than skip).
+    CHECK_FAILED: a check failed, timed out or crashed; the job would fail.
+    USAGE: the command line or the launcher environment is wrong; nothing was checked.
+    INTERNAL: ddpdoctor itself broke; please report it.
+    INTERRUPTED: Ctrl-C or SIGTERM; a partial report was printed.
+    """
+
+    OK = 0
+    CHECK_FAILED = 1
+    USAGE = 2
+    INTERNAL = 3
+    INTERRUPTED = 130
+
+
+EXIT_CODE_HELP = (
+    "Exit codes: 0 nothing worse than a warning; 1 a check failed, timed out or crashed "
+    "(--strict: or warned); 2 usage error; 3 internal error; 130 interrupted."
+)
