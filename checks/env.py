@@ -1,1 +1,216 @@
+"""Check ``env``: versions, backends, CPUs, memory, GPUs, /dev/shm, threads and launcher variables."""
 
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import sys
+from typing import Any, Mapping, Optional, Sequence
+
+from ddpdoctor import envvars, launcher, nvml
+from ddpdoctor.check import Check, CheckResult, Findings, RankContext, WorldInfo
+from ddpdoctor.redact import redact_env
+from ddpdoctor.result import Outcome, Status, format_ranks, merge_outcomes
+
+__all__ = ["EnvCheck", "collect_environment", "describe_environment"]
+
+SMALL_SHM_BYTES = 1 << 30  # Docker's default is 64 MB; NCCL and DataLoader workers need far more.
+
+
+def _versions() -> dict[str, Optional[str]]:
+    import torch
+    import torch.distributed as dist
+
+    cudnn = None
+    try:
+        v = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        cudnn = str(v) if v else None
+    except Exception:
+        cudnn = None
+    nccl = None
+    if torch.version.cuda and dist.is_nccl_available():
+        try:
+            v = torch.cuda.nccl.version()
+            nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+        except Exception:
+            nccl = None
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": cudnn,
+        "nccl": nccl,
+    }
+
+
+def _backends() -> dict[str, bool]:
+    import torch.distributed as dist
+
+    return {
+        "gloo": dist.is_gloo_available(),
+        "nccl": dist.is_nccl_available(),
+        "mpi": dist.is_mpi_available(),
+        "ucc": bool(getattr(dist, "is_ucc_available", lambda: False)()),
+    }
+
+
+def collect_environment(environ: Optional[Mapping[str, str]] = None, local_world_size: int = 1) -> dict[str, Any]:
+    """Everything the env check looks at, as JSON-able facts (no verdicts)."""
+    import psutil
+
+    env = os.environ if environ is None else environ
+    vm = psutil.virtual_memory()
+    try:
+        shm = shutil.disk_usage("/dev/shm").total
+    except OSError:
+        shm = None
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = None
+    gpu_view = nvml.load()
+    gpus = gpu_view.gpus()
+    info = launcher.detect(env, argv=[])
+    return {
+        "host": platform.node(),
+        "platform": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "versions": _versions(),
+        "backends": _backends(),
+        "cpus_logical": psutil.cpu_count(logical=True),
+        "cpus_physical": psutil.cpu_count(logical=False),
+        "cpus_usable": affinity,
+        "memory_total_gib": round(vm.total / 2**30, 1),
+        "memory_available_gib": round(vm.available / 2**30, 1),
+        "shm_bytes": shm,
+        "omp_num_threads": env.get("OMP_NUM_THREADS"),
+        "local_world_size": local_world_size,
+        "nvml": gpu_view.available,
+        "nvml_reason": gpu_view.unavailable_reason,
+        "driver": gpu_view.driver_version(),
+        "gpus": [g.to_dict() for g in gpus],
+        "launcher": info.launcher,
+        "launcher_problems": list(info.problems),
+        "launcher_conflicts": list(info.conflicts),
+        "variables": redact_env(envvars.relevant(env)),
+    }
+
+
+def _na(value: Any, unit: str = "") -> str:
+    return "n/a" if value is None else f"{value}{unit}"
+
+
+def describe_environment(facts: Mapping[str, Any]) -> list[str]:
+    """The environment as report lines, copy-paste ready for a bug report."""
+    v = facts["versions"]
+    lines = [
+        f"host: {facts['host']} ({facts['platform']})",
+        f"python {v['python']}, torch {v['torch']}, CUDA {_na(v['cuda'])}, cuDNN {_na(v['cudnn'])}, NCCL {_na(v['nccl'])}",
+        "backends: " + ", ".join(f"{k} {'yes' if ok else 'no'}" for k, ok in facts["backends"].items()),
+        f"CPUs: {facts['cpus_logical']} logical, {_na(facts['cpus_physical'])} physical, "
+        f"{_na(facts['cpus_usable'])} usable; memory {facts['memory_total_gib']} GiB "
+        f"({facts['memory_available_gib']} GiB available)",
+        f"/dev/shm: {_na(None if facts['shm_bytes'] is None else round(facts['shm_bytes'] / 2**20), ' MiB')}",
+        f"OMP_NUM_THREADS: {facts['omp_num_threads'] or 'unset'}",
+    ]
+    if facts["nvml"]:
+        lines.append(f"NVIDIA driver {_na(facts['driver'])}, {len(facts['gpus'])} GPU(s)")
+        for g in facts["gpus"]:
+            if g["error"]:
+                lines.append(f"  GPU {g['index']}: unreadable ({g['error']})")
+                continue
+            mem = f"{_na(g['memory_used_mb'])}/{_na(g['memory_total_mb'])} MiB"
+            lines.append(
+                f"  GPU {g['index']}: {_na(g['name'])}, {mem}, ECC uncorrected {_na(g['ecc_uncorrected'])}, "
+                f"MIG {_na(None if g['mig_enabled'] is None else ('on' if g['mig_enabled'] else 'off'))}, "
+                f"{_na(g['uuid'])}"
+            )
+    else:
+        lines.append(f"GPUs: none seen through NVML ({facts['nvml_reason'] or 'no NVIDIA driver'})")
+    lines.append(f"launcher: {facts['launcher'] or 'none'}")
+    variables = facts["variables"]
+    if variables:
+        lines.append("variables: " + " ".join(f"{k}={val}" for k, val in variables.items()))
+    return lines
+
+
+def assess(facts: Mapping[str, Any]) -> Findings:
+    """Turn facts into findings: what is wrong, why it matters, and the fix."""
+    f = Findings()
+    for problem in facts["launcher_problems"]:
+        f.fail("bad-launcher-env", problem.split("; ")[0], problem.split("; ", 1)[-1])
+    for conflict in facts["launcher_conflicts"]:
+        message, _, hint = conflict.partition("; ")
+        f.warn("launcher-conflict", message, hint or "launch with one launcher")
+    shm = facts["shm_bytes"]
+    if shm is not None and shm < SMALL_SHM_BYTES:
+        f.warn(
+            "small-shm",
+            f"/dev/shm is only {shm // 2**20} MiB; NCCL and DataLoader workers need more (Docker defaults to 64 MiB)",
+            "run the container with --ipc=host or --shm-size=8g",
+        )
+    omp = facts["omp_num_threads"]
+    usable = facts["cpus_usable"] or facts["cpus_logical"]
+    lws = max(1, int(facts["local_world_size"]))
+    if omp:
+        try:
+            threads = int(omp)
+        except ValueError:
+            f.warn("bad-omp-num-threads", f"OMP_NUM_THREADS={omp!r} is not an integer",
+                   "set OMP_NUM_THREADS to a whole number, e.g. cores per rank")
+        else:
+            if usable and threads * lws > usable:
+                per_rank = max(1, usable // lws)
+                f.warn(
+                    "omp-oversubscribed",
+                    f"OMP_NUM_THREADS={threads} x {lws} ranks per node = {threads * lws} threads on {usable} cores",
+                    f"export OMP_NUM_THREADS={per_rank}",
+                )
+    for name in facts["variables"]:
+        meant = envvars.likely_typo(name)
+        if meant:
+            f.warn("env-typo", f"{name} is not a variable NCCL or PyTorch reads; did you mean {meant}?",
+                   f"rename {name} to {meant}")
+    for g in facts["gpus"]:
+        if g["error"]:
+            f.warn("gpu-unreadable", f"GPU {g['index']} cannot be read through NVML: {g['error']}",
+                   "check `nvidia-smi`; a GPU that fell off the bus needs a node reboot")
+        elif g["ecc_uncorrected"]:
+            f.warn("gpu-ecc-errors", f"GPU {g['index']} reports {g['ecc_uncorrected']} uncorrected ECC errors",
+                   "drain the node or reset the GPU (nvidia-smi -r) before long jobs")
+    return f
+
+
+class EnvCheck(Check):
+    """Versions and environment of every rank; ranks on different versions fail."""
+
+    name = "env"
+    description = "Python/torch/CUDA/NCCL versions, backends, CPUs, memory, GPUs, /dev/shm, launcher variables"
+
+    def run(self, ctx: RankContext) -> Outcome:
+        facts = collect_environment(local_world_size=ctx.local_world_size)
+        v = facts["versions"]
+        ok = (
+            f"python {v['python']}, torch {v['torch']}, CUDA {_na(v['cuda'])}, NCCL {_na(v['nccl'])}; "
+            f"{facts['cpus_logical']} CPUs, {facts['memory_total_gib']} GiB, {len(facts['gpus'])} GPUs"
+        )
+        return assess(facts).outcome(ctx.rank, ok, details=describe_environment(facts), data=facts)
+
+    def merge(self, outcomes: Sequence[Outcome], world: WorldInfo) -> CheckResult:
+        merged = merge_outcomes(self.name, outcomes)
+        if merged.status >= Status.FAIL:
+            return merged
+        for key in ("torch", "python", "cuda", "nccl"):
+            seen: dict[str, list[int]] = {}
+            for o in outcomes:
+                versions = o.data.get("versions") or {}
+                seen.setdefault(str(versions.get(key)), []).append(o.rank)
+            if len(seen) > 1:
+                parts = "; ".join(f"{ver} on rank {format_ranks(r)}" for ver, r in sorted(seen.items()))
+                return CheckResult(
+                    self.name, Status.FAIL, f"ranks run different {key} versions: {parts}",
+                    hint=f"install the same {key} version on every node (one container image or environment)",
+                    finding="version-mismatch", ranks=tuple(o.rank for o in outcomes),
+                    outcomes=merged.outcomes, duration=merged.duration,
+                )
+        return merged

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Mapping, Optional, Sequence
 
 from .result import CheckResult, Outcome, Status, merge_outcomes
 
-__all__ = ["Check", "Requirements", "RankContext", "WorldInfo"]
+__all__ = ["Check", "Findings", "Requirements", "RankContext", "WorldInfo"]
 
 
 @dataclass(frozen=True)
@@ -198,12 +198,15 @@ class Check:
         description: one line for ``ddpdoctor list``.
         requires: what the check needs (:class:`Requirements`).
         slow: slow checks run last and are listed as such.
+        runs_in: ``"rank"`` (``run`` executes in every worker) or ``"supervisor"`` (the supervising
+            process computes the outcome before the world forms, e.g. whether the port is free).
     """
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     requires: ClassVar[Requirements] = Requirements()
     slow: ClassVar[bool] = False
+    runs_in: ClassVar[str] = "rank"
 
     def run(self, ctx: RankContext) -> Outcome:
         """Run on one rank and say what was found. Exceptions become CRASH outcomes."""
@@ -212,3 +215,39 @@ class Check:
     def merge(self, outcomes: Sequence[Outcome], world: WorldInfo) -> CheckResult:
         """Combine every rank's outcome; override to compare ranks (the default: worst wins)."""
         return merge_outcomes(self.name, outcomes)
+
+
+@dataclass
+class Findings:
+    """Collects several findings on one rank and folds them into one :class:`Outcome`.
+
+    The outcome's status, summary, hint and finding id are the worst finding's; every finding is
+    kept in ``details`` (for ``-v``) and in ``data["findings"]`` (for JSON).
+    """
+
+    items: list[tuple[Status, str, str, str]] = field(default_factory=list)  # status, id, summary, hint
+
+    def add(self, status: Status, finding: str, summary: str, hint: str = "") -> None:
+        self.items.append((status, finding, summary, hint))
+
+    def warn(self, finding: str, summary: str, hint: str) -> None:
+        self.add(Status.WARN, finding, summary, hint)
+
+    def fail(self, finding: str, summary: str, hint: str) -> None:
+        self.add(Status.FAIL, finding, summary, hint)
+
+    def outcome(self, rank: int, ok_summary: str, *, details: Sequence[str] = (),
+                data: Optional[Mapping[str, Any]] = None) -> Outcome:
+        payload = dict(data or {})
+        payload["findings"] = [
+            {"status": s.label, "finding": f, "summary": m, "hint": h} for s, f, m, h in self.items
+        ]
+        lines = [f"{s.label}: {m}" + (f" -> {h}" if h else "") for s, f, m, h in self.items]
+        if not self.items:
+            return Outcome(rank, Status.PASS, ok_summary, details=tuple(details), data=payload)
+        worst = max(self.items, key=lambda item: item[0])
+        summary = worst[2]
+        if len(self.items) > 1:
+            summary += f" (+{len(self.items) - 1} more)"
+        return Outcome(rank, worst[0], summary, hint=worst[3], finding=worst[1],
+                       details=tuple(lines) + tuple(details), data=payload)

@@ -1,0 +1,158 @@
+"""The ``ddpdoctor`` command: thin commands over :mod:`ddpdoctor.runner` and the report.
+
+Every error reaches the user as one line with the documented exit code; never a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import traceback
+from typing import Any, Optional, Sequence
+
+import click
+
+from . import __version__
+from .errors import DdpdoctorError
+from .exitcodes import EXIT_CODE_HELP, ExitCode
+
+__all__ = ["main", "cli"]
+
+
+class _Group(click.Group):
+    """Turns click's usage errors and our own errors into one line and the right exit code."""
+
+    def main(self, args: Optional[Sequence[str]] = None, prog_name: Optional[str] = None, **extra: Any) -> Any:
+        try:
+            rv = super().main(args=args, prog_name=prog_name or "ddpdoctor", standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as exc:
+            click.echo(exc.ctx.get_help() if exc.ctx else "", err=False)
+            sys.exit(ExitCode.OK)
+        except click.UsageError as exc:
+            cmd = exc.ctx.command_path if exc.ctx else "ddpdoctor"
+            click.echo(f"error[usage]: {exc.format_message()}; see '{cmd} --help'", err=True)
+            sys.exit(ExitCode.USAGE)
+        except click.Abort:
+            click.echo("interrupted", err=True)
+            sys.exit(ExitCode.INTERRUPTED)
+        except DdpdoctorError as exc:
+            click.echo(exc.one_line(), err=True)
+            sys.exit(exc.exit_code)
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            click.echo(f"error: {exc.format_message()}", err=True)
+            sys.exit(ExitCode.USAGE)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(ExitCode.INTERRUPTED)
+        except Exception as exc:  # noqa: BLE001 - an internal error is one line plus a pointer
+            last = traceback.extract_tb(exc.__traceback__)[-1]
+            click.echo(f"error[internal]: {type(exc).__name__}: {exc} (at {last.filename}:{last.lineno}); "
+                       "please report this with the output of 'ddpdoctor env'", err=True)
+            sys.exit(ExitCode.INTERNAL)
+        sys.exit(rv if isinstance(rv, int) else ExitCode.OK)
+
+
+@click.group(cls=_Group, epilog=EXIT_CODE_HELP, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="ddpdoctor")
+def cli() -> None:
+    """Find out whether a PyTorch distributed (DDP) job will work, and why not."""
+
+
+@cli.command(epilog=EXIT_CODE_HELP)
+@click.option("--nproc", type=int, default=None, help="Ranks in a local world [default: one per GPU, else 2].")
+@click.option("--backend", type=click.Choice(["gloo", "nccl"]), default=None,
+              help="Backend under test [default: nccl with GPUs, else gloo].")
+@click.option("--master-addr", default="127.0.0.1", show_default=True, help="Rendezvous address (local mode).")
+@click.option("--master-port", type=click.IntRange(0, 65535), default=0, show_default=True,
+              help="Rendezvous port (local mode); 0 lets the OS pick a free one.")
+@click.option("--only", multiple=True, metavar="NAMES", help="Run only these checks (comma-separated).")
+@click.option("--skip", multiple=True, metavar="NAMES", help="Skip these checks (comma-separated).")
+@click.option("--timeout", type=float, default=30.0, show_default=True, help="Deadline per check, in seconds.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Also write the report as JSON (schema 1) to this path.")
+@click.option("--strict", is_flag=True, help="Warnings fail the run (exit 1).")
+@click.option("--local", "mode", flag_value="local", help="Spawn a local world even under a launcher.")
+@click.option("--join", "mode", flag_value="join", help="Join the launcher's world (the default under one).")
+@click.option("-v", "--verbose", is_flag=True, help="Show details and every rank's outcome.")
+def check(nproc: Optional[int], backend: Optional[str], master_addr: str, master_port: int, only: tuple,
+          skip: tuple, timeout: float, json_path: Optional[str], strict: bool, mode: Optional[str],
+          verbose: bool) -> int:
+    """Run the checks on a local world, or join the world torchrun/srun/mpirun started."""
+    from .registry import all_checks
+    from .report import Style, TerminalProgress, footer
+    from .runner import RunOptions, run_checks
+
+    _quiet_logs()
+    opts = RunOptions(nproc=nproc, backend=backend, master_addr=master_addr, master_port=master_port,
+                      only=only, skip=skip, timeout=timeout, mode=mode or "auto", strict=strict)
+    out = sys.stdout
+    style = Style.for_stream(out)
+    progress = TerminalProgress(out, style, verbose, [c.name for c in all_checks()])
+    outcome = run_checks(opts, progress)
+    report = outcome.report
+    if report is None:  # a non-reporting rank in joined mode
+        if outcome.message:
+            click.echo(outcome.message, err=True)
+        return outcome.exit_code
+    from .report import render_result
+
+    width = progress.width
+    for result in report.results:
+        if result.name not in progress.printed:
+            out.write("\n".join(render_result(result, style, width, verbose)) + "\n")
+    out.write(footer(report, strict) + "\n")
+    out.flush()
+    if json_path:
+        try:
+            report.write_json(json_path, strict)
+        except OSError as exc:
+            click.echo(f"error[json-write]: cannot write {json_path}: {exc.strerror}; choose a writable path",
+                       err=True)
+            return ExitCode.INTERNAL if outcome.exit_code == 0 else outcome.exit_code
+    return outcome.exit_code
+
+
+@cli.command(name="list")
+def list_checks() -> int:
+    """Name every check, one line each."""
+    from .registry import all_checks
+
+    checks = all_checks()
+    width = max(len(c.name) for c in checks)
+    for c in checks:
+        click.echo(f"{c.name.ljust(width)}  {c.description}{' (slow)' if c.slow else ''}")
+    return ExitCode.OK
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the facts as JSON.")
+def env(as_json: bool) -> int:
+    """Print the environment report alone (copy-paste ready for a bug report)."""
+    import json
+
+    from . import launcher
+    from .checks.env import assess, collect_environment, describe_environment
+
+    _quiet_logs()
+    info = launcher.detect()
+    facts = collect_environment(local_world_size=info.local_world_size)
+    if as_json:
+        click.echo(json.dumps(facts, indent=2))
+        return ExitCode.OK
+    for line in describe_environment(facts):
+        click.echo(line)
+    findings = assess(facts)
+    for status, _, summary, hint in findings.items:
+        click.echo(f"{status.label}: {summary}" + (f" -> {hint}" if hint else ""))
+    return ExitCode.OK
+
+
+def _quiet_logs() -> None:
+    logging.basicConfig(level=logging.WARNING, format="ddpdoctor: %(message)s")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli.main()
