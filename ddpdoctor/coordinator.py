@@ -40,18 +40,32 @@ class Progress:
 
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
-_BORING = ("/threading.py", "/ddpdoctor/worker.py", "/ddpdoctor/control.py")
+_OURS = ("/threading.py", "/ddpdoctor/worker.py", "/ddpdoctor/control.py", "/ddpdoctor/supervisor.py",
+         "/ddpdoctor/runner.py", "/ddpdoctor/joined.py", "/ddpdoctor/cli.py")
+_LIBRARY = ("/torch/", "/site-packages/", "/dist-packages/", "/lib/python3")
+
+
+def _short(path: str) -> str:
+    return "/".join(path.split("/")[-2:])
 
 
 def where_hung(stack: str) -> str:
-    """The innermost interesting frame of the main thread in a faulthandler dump: ``func (file:line)``."""
+    """Where a faulthandler dump's main thread is: ``all_reduce, called from run (pkg/train.py:88)``.
+
+    The innermost frame names the call that blocks (often torch's); the innermost frame outside
+    torch and the standard library names the code that made it.
+    """
     blocks = re.split(r"\n(?=Thread 0x|Current thread 0x)", stack.strip())
     main = next((b for b in blocks if b.startswith("Current thread")), blocks[0] if blocks else "")
-    for m in _FRAME.finditer(main):  # most recent call first
-        if not m.group("file").endswith(_BORING):
-            short = "/".join(m.group("file").split("/")[-2:])
-            return f"{m.group('func')} ({short}:{m.group('line')})"
-    return "an unknown place (no Python stack)"
+    frames = [m for m in _FRAME.finditer(main) if not m.group("file").endswith(_OURS)]  # innermost first
+    if not frames:
+        return "an unknown place (no Python stack)"
+    inner = frames[0]
+    caller = next((m for m in frames if not any(p in m.group("file") for p in _LIBRARY)), None)
+    if caller is None or caller is inner:
+        m = caller or inner
+        return f"{m.group('func')} ({_short(m.group('file'))}:{m.group('line')})"
+    return f"{inner.group('func')}, called from {caller.group('func')} ({_short(caller.group('file'))}:{caller.group('line')})"
 
 
 @dataclass
@@ -200,18 +214,20 @@ class Coordinator:
         silent = [r for r in ranks if r not in got and r not in dead]
         stacks = self._stacks(silent) if silent else {}
         for r, info in dead.items():
-            got[r] = Outcome(r, Status.CRASH, f"rank {r} died: {info['text']}", hint=info["hint"],
+            got[r] = Outcome(r, Status.CRASH, f"died: {info['text']}", hint=info["hint"],
                              finding="rank-died", details=tuple(info.get("log", ())), data={"exit": info})
         for r in silent:
             place = where_hung(stacks.get(r, ""))
-            got[r] = Outcome(r, Status.TIMEOUT, f"rank {r} did not finish within {self.timeout:g}s; "
-                             f"it is in {place}",
+            got[r] = Outcome(r, Status.TIMEOUT, f"did not finish within {self.timeout:g}s: in {place}",
                              hint="find why the other ranks did not reach the same call (a rank that skipped "
                                   "a collective, a crash, or a slow network); raise --timeout if it is just slow",
                              finding="rank-hung", details=tuple(stacks.get(r, "").splitlines()),
                              data={"where": place}, duration=self.timeout)
         try:
-            result = check.merge([got[r] for r in sorted(got)], self.world)
+            if silent or dead:
+                result = _trouble_result(check, [got[r] for r in sorted(got)], silent, dead)
+            else:
+                result = check.merge([got[r] for r in sorted(got)], self.world)
         except Exception as exc:  # noqa: BLE001 - a crashing merge is a result too
             result = CheckResult(check.name, Status.CRASH, f"merging the ranks' results raised "
                                  f"{type(exc).__name__}: {exc}", finding="check-crashed",
@@ -240,6 +256,26 @@ class Coordinator:
     def finish(self, exit_code: int) -> None:
         """Tell every supervisor the run is over and with which exit code."""
         self.channel.put("final", {"exit_code": int(exit_code)})
+
+
+def _trouble_result(check: Check, outcomes: Sequence[Outcome], silent: Sequence[int],
+                    dead: dict) -> CheckResult:
+    """A check with hung or dead ranks: group the hung ranks by where they are, name the dead."""
+    by_place: dict[str, list[int]] = {}
+    for o in outcomes:
+        if o.rank in silent:
+            by_place.setdefault(o.data.get("where", "?"), []).append(o.rank)
+    parts = [f"rank {format_ranks(r)} died ({dead[r[0]]['signal'] or 'exit ' + str(dead[r[0]]['code'])})"
+             for r in ([d] for d in sorted(dead))]
+    parts += [f"rank {format_ranks(ranks)} stuck in {place}" for place, ranks in sorted(by_place.items())]
+    finished = [o.rank for o in outcomes if o.rank not in silent and o.rank not in dead]
+    if finished:
+        parts.append(f"rank {format_ranks(finished)} finished")
+    worst = max(o.status for o in outcomes)
+    first = next(o for o in outcomes if o.status == worst)
+    return CheckResult(check.name, worst, "; ".join(parts), hint=first.hint, finding=first.finding,
+                       ranks=tuple(sorted(list(silent) + list(dead))), outcomes=tuple(outcomes),
+                       duration=max(o.duration for o in outcomes))
 
 
 def interrupted_results(checks: Sequence[Check], done: Sequence[CheckResult], running: Optional[str],

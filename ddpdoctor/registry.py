@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import difflib
-from typing import Iterable, Optional, Sequence
+import importlib
+import os
+from typing import Iterable, Mapping, Optional, Sequence
 
 from .check import Check
 from .errors import UsageError
@@ -11,12 +13,47 @@ from .errors import UsageError
 __all__ = ["all_checks", "select_checks"]
 
 
+PLUGINS_VAR = "DDPDOCTOR_PLUGINS"
+
+
+def plugin_checks(environ: Optional[Mapping[str, str]] = None) -> list[type[Check]]:
+    """Checks from the modules named in ``DDPDOCTOR_PLUGINS`` (comma-separated), each of which
+    defines ``CHECKS = [CheckSubclass, ...]``: site-specific checks run like the built-in ones.
+
+    Raises:
+        UsageError: a module that does not import or has no ``CHECKS`` list, naming it.
+    """
+    env = os.environ if environ is None else environ
+    out: list[type[Check]] = []
+    for name in filter(None, (n.strip() for n in env.get(PLUGINS_VAR, "").split(","))):
+        try:
+            module = importlib.import_module(name)
+        except Exception as exc:
+            raise UsageError("bad-plugin", f"{PLUGINS_VAR}: cannot import {name!r} ({type(exc).__name__}: {exc})",
+                             f"fix the module or remove it from {PLUGINS_VAR}") from None
+        checks = getattr(module, "CHECKS", None)
+        if not isinstance(checks, (list, tuple)) or not all(isinstance(c, type) and issubclass(c, Check)
+                                                            for c in checks):
+            raise UsageError("bad-plugin", f"{PLUGINS_VAR}: module {name!r} has no CHECKS list of Check classes",
+                             "define CHECKS = [YourCheck] in it")
+        out.extend(checks)
+    return out
+
+
 def all_checks() -> list[type[Check]]:
-    """Every built-in check class, in run order (slow ones last)."""
+    """Every check class (built-in, then plugins), in run order (slow ones last)."""
     from .checks import ALL
 
-    fast = [c for c in ALL if not c.slow]
-    slow = [c for c in ALL if c.slow]
+    every = list(ALL)
+    names = {c.name for c in every}
+    for c in plugin_checks():
+        if c.name in names:
+            raise UsageError("duplicate-check", f"plugin check {c.name!r} has the name of another check",
+                             "rename the plugin's check")
+        names.add(c.name)
+        every.append(c)
+    fast = [c for c in every if not c.slow]
+    slow = [c for c in every if c.slow]
     return fast + slow
 
 

@@ -147,7 +147,7 @@ class Supervisor:
                 w = self.worker(rank)
                 assert w is not None
                 if _size(w.spec.stack_path) > sizes[rank]:
-                    time.sleep(0.05)  # let faulthandler finish writing every thread
+                    _wait_stable(w.spec.stack_path, deadline)  # faulthandler writes frame by frame
                     with open(w.spec.stack_path) as f:
                         f.seek(sizes[rank])
                         out[rank] = f.read()
@@ -197,6 +197,17 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
+def _wait_stable(path: str, deadline: float, quiet: float = 0.05) -> None:
+    """Wait until ``path`` stops growing for ``quiet`` seconds (or the deadline passes)."""
+    last = _size(path)
+    while time.monotonic() < deadline:
+        time.sleep(quiet)
+        now = _size(path)
+        if now == last:
+            return
+        last = now
+
+
 def _size(path: str) -> int:
     try:
         return os.path.getsize(path)
@@ -205,9 +216,14 @@ def _size(path: str) -> int:
 
 
 def tail(path: str, lines: int = 30) -> list[str]:
-    """The last ``lines`` lines of a worker's log (empty when there is none)."""
+    """The end of a worker's log: from a fatal-signal dump on (capped), else the last ``lines`` lines."""
     try:
         with open(path, errors="replace") as f:
-            return f.read().splitlines()[-lines:]
+            text = f.read().splitlines()
     except OSError:
         return []
+    fatal = next((i for i in range(len(text) - 1, -1, -1) if text[i].startswith("Fatal Python error")), None)
+    if fatal is not None:
+        dump = [line for line in text[fatal:] if not line.startswith("Extension modules:")]
+        return dump[: lines * 2]
+    return text[-lines:]

@@ -1,0 +1,89 @@
+"""Test-only checks that misbehave on purpose, loaded through DDPDOCTOR_PLUGINS=faults.
+
+Which rank misbehaves comes from FAULT_RANK (default 1); FAULT_SLEEP bounds the "hang" (seconds).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+
+from ddpdoctor.check import Check, RankContext, Requirements
+from ddpdoctor.result import Outcome
+
+
+def _target() -> int:
+    return int(os.environ.get("FAULT_RANK", "1"))
+
+
+def hang_forever(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+class RaiseCheck(Check):
+    name = "fault-raise"
+    description = "raises ValueError on FAULT_RANK"
+
+    def run(self, ctx: RankContext) -> Outcome:
+        if ctx.rank == _target():
+            raise ValueError(f"injected failure on rank {ctx.rank}")
+        return ctx.passed("fine")
+
+
+class ExitCheck(Check):
+    name = "fault-exit"
+    description = "os._exit(7) on FAULT_RANK"
+
+    def run(self, ctx: RankContext) -> Outcome:
+        if ctx.rank == _target():
+            os._exit(7)
+        return ctx.passed("fine")
+
+
+class SegvCheck(Check):
+    name = "fault-segv"
+    description = "SIGSEGV on FAULT_RANK"
+
+    def run(self, ctx: RankContext) -> Outcome:
+        if ctx.rank == _target():
+            os.kill(os.getpid(), signal.SIGSEGV)
+            time.sleep(5)
+        return ctx.passed("fine")
+
+
+class HangCheck(Check):
+    name = "fault-hang"
+    description = "FAULT_RANK sleeps (a hung rank)"
+
+    def run(self, ctx: RankContext) -> Outcome:
+        if ctx.rank == _target():
+            hang_forever(float(os.environ.get("FAULT_SLEEP", "600")))
+        return ctx.passed("fine")
+
+
+class SkipCollectiveCheck(Check):
+    name = "fault-skip-collective"
+    description = "FAULT_RANK skips an all_reduce the others enter"
+    requires = Requirements(min_world_size=2, process_group=True)
+
+    def run(self, ctx: RankContext) -> Outcome:
+        ctx.process_group()
+        if ctx.rank != _target():
+            t = torch.ones(1)
+            dist.all_reduce(t)
+        return ctx.passed("fine")
+
+
+class PassCheck(Check):
+    name = "fault-none"
+    description = "passes on every rank (runs after a fault)"
+
+    def run(self, ctx: RankContext) -> Outcome:
+        return ctx.passed(f"rank {ctx.rank} ok")
+
+
+CHECKS = [RaiseCheck, ExitCheck, SegvCheck, HangCheck, SkipCollectiveCheck, PassCheck]
