@@ -8,10 +8,12 @@ import shutil
 import sys
 from typing import Any, Mapping, Optional, Sequence
 
+import psutil
+
 from ddpdoctor import envvars, launcher, nvml
 from ddpdoctor.check import Check, CheckResult, Findings, RankContext, WorldInfo
 from ddpdoctor.redact import redact_env
-from ddpdoctor.result import Outcome, Status, format_ranks, merge_outcomes
+from ddpdoctor.result import Outcome, Status, format_ranks, merge_outcomes, rank_label
 
 __all__ = ["EnvCheck", "collect_environment", "describe_environment"]
 
@@ -57,8 +59,6 @@ def _backends() -> dict[str, bool]:
 
 def collect_environment(environ: Optional[Mapping[str, str]] = None, local_world_size: int = 1) -> dict[str, Any]:
     """Everything the env check looks at, as JSON-able facts (no verdicts)."""
-    import psutil
-
     env = os.environ if environ is None else environ
     vm = psutil.virtual_memory()
     try:
@@ -206,7 +206,7 @@ class EnvCheck(Check):
                 versions = o.data.get("versions") or {}
                 seen.setdefault(str(versions.get(key)), []).append(o.rank)
             if len(seen) > 1:
-                parts = "; ".join(f"{ver} on rank {format_ranks(r)}" for ver, r in sorted(seen.items()))
+                parts = "; ".join(f"{ver} on {rank_label(r)}" for ver, r in sorted(seen.items()))
                 return CheckResult(
                     self.name, Status.FAIL, f"ranks run different {key} versions: {parts}",
                     hint=f"install the same {key} version on every node (one container image or environment)",

@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 
 from ddpdoctor import nvml
 from ddpdoctor.check import Check, CheckResult, RankContext, Requirements, WorldInfo
-from ddpdoctor.result import Outcome, Status, format_ranks, merge_outcomes
+from ddpdoctor.result import Outcome, Status, format_seconds, merge_outcomes, rank_label
 
 __all__ = ["ProcessGroupCheck", "identity_table"]
 
@@ -98,7 +98,7 @@ class ProcessGroupCheck(Check):
             "all_reduce_result": float(probe.item()),
             "foreign_gpu_memory": foreign,
         }
-        return ctx.passed(f"joined in {data['init_seconds']:.2f}s", data=data)
+        return ctx.passed(f"joined in {format_seconds(data['init_seconds'])}", data=data)
 
     def merge(self, outcomes: Sequence[Outcome], world: WorldInfo) -> CheckResult:
         merged = merge_outcomes(self.name, outcomes)
@@ -113,7 +113,7 @@ class ProcessGroupCheck(Check):
                                outcomes=merged.outcomes, details=table, duration=merged.duration)
         init = max(d["init_seconds"] for d in ids)
         nodes = len({d["host"] for d in ids})
-        summary = (f"{len(ids)} ranks on {nodes} node{'s' if nodes > 1 else ''} joined in {init:.2f}s "
+        summary = (f"{len(ids)} ranks on {nodes} node{'s' if nodes > 1 else ''} joined in {format_seconds(init)} "
                    f"({world.backend}); all_reduce ok")
         return CheckResult(self.name, merged.status, summary, outcomes=merged.outcomes, details=table,
                            duration=merged.duration, hint=merged.hint, finding=merged.finding, ranks=merged.ranks)
@@ -132,14 +132,14 @@ def _compare(ids: Sequence[dict], world: WorldInfo) -> Optional[tuple[Status, st
     if dupes or missing:
         what = []
         if dupes:
-            what.append(f"rank {format_ranks(dupes)} appears twice")
+            what.append(f"{rank_label(dupes)} appear{'s' if len(dupes) == 1 else ''} twice")
         if missing:
-            what.append(f"rank {format_ranks(missing)} is missing")
+            what.append(f"{rank_label(missing)} is missing")
         return (Status.FAIL, "; ".join(what), "give every process a unique RANK in 0..WORLD_SIZE-1 "
                 "(check --node-rank/NODE_RANK on each node)", "rank-mismatch", tuple(dupes or missing))
     wrong = [d["rank"] for d in ids if d["all_reduce_result"] != float(world.world_size)]
     if wrong:
-        return (Status.FAIL, f"all_reduce of ones returned the wrong sum on rank {format_ranks(wrong)}",
+        return (Status.FAIL, f"all_reduce of ones returned the wrong sum on {rank_label(wrong)}",
                 "run `ddpdoctor check --only collectives -v` to find the bad rank or link", "wrong-all-reduce",
                 tuple(wrong))
     by_gpu: dict[tuple[str, str], list[int]] = {}
@@ -148,7 +148,7 @@ def _compare(ids: Sequence[dict], world: WorldInfo) -> Optional[tuple[Status, st
             by_gpu.setdefault((d["host"], d["gpu_uuid"]), []).append(d["rank"])
     for (host, uuid), shared in sorted(by_gpu.items()):
         if len(shared) > 1:
-            return (Status.FAIL, f"ranks {format_ranks(shared)} share one GPU ({uuid}) on {host}",
+            return (Status.FAIL, f"{rank_label(shared)} share one GPU ({uuid}) on {host}",
                     "give each rank its own GPU: torch.cuda.set_device(LOCAL_RANK) before init_process_group, "
                     "and no more ranks per node than GPUs", "duplicate-gpu", tuple(shared))
     foreign = [(d["rank"], f) for d in ids for f in d.get("foreign_gpu_memory", ())]
@@ -171,6 +171,6 @@ def identity_table(ids: Sequence[dict]) -> list[str]:
     for d in sorted(ids, key=lambda d: d["rank"]):
         gpu = "-" if d["gpu_uuid"] is None else f"{d['gpu_index'] if d['gpu_index'] is not None else '?'} {d['gpu_uuid']}"
         rows.append((str(d["rank"]), d["host"], str(d["pid"]), str(d["local_rank"]), d["device"], gpu,
-                     f"{d['init_seconds']:.2f}s"))
+                     format_seconds(d["init_seconds"])))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]

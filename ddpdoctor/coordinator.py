@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from .check import Check, WorldInfo
 from .control import Channel
-from .result import CheckResult, Outcome, Status, format_ranks
+from .result import CheckResult, Outcome, Status, format_ranks, rank_label
 from .supervisor import Supervisor
 
 __all__ = ["Coordinator", "Progress", "where_hung"]
@@ -131,7 +131,7 @@ class Coordinator:
         aborted: Optional[str] = None
         pg_broken: Optional[str] = self.blocked
         if self.missing:
-            pg_broken = pg_broken or (f"rank {format_ranks(self.missing)} never arrived")
+            pg_broken = pg_broken or (f"{rank_label(self.missing)} never arrived")
         for i, check in enumerate(self.checks):
             self.current = check.name
             reason = aborted or self._skip_reason(check, pg_broken)
@@ -173,7 +173,7 @@ class Coordinator:
         arrived = format_ranks(self.hellos) or "none"
         return CheckResult(
             check.name, Status.FAIL,
-            f"rank {format_ranks(missing)} never arrived within {self.timeout:g}s "
+            f"{rank_label(missing)} never arrived within {self.timeout:g}s "
             f"(WORLD_SIZE={self.world.world_size}, arrived: {arrived})",
             hint="start every rank (check --nnodes/--nproc-per-node and that each node's launcher ran), "
                  "or make WORLD_SIZE match the ranks you launch",
@@ -235,9 +235,9 @@ class Coordinator:
                                  outcomes=tuple(got[r] for r in sorted(got)))
         trouble = None
         if dead:
-            trouble = f"rank {format_ranks(dead)} died"
+            trouble = f"{rank_label(dead)} died"
         elif silent:
-            trouble = f"rank {format_ranks(silent)} hung"
+            trouble = f"{rank_label(silent)} hung"
         return result, trouble
 
     def _stacks(self, ranks: Sequence[int]) -> dict[int, str]:
@@ -265,12 +265,12 @@ def _trouble_result(check: Check, outcomes: Sequence[Outcome], silent: Sequence[
     for o in outcomes:
         if o.rank in silent:
             by_place.setdefault(o.data.get("where", "?"), []).append(o.rank)
-    parts = [f"rank {format_ranks(r)} died ({dead[r[0]]['signal'] or 'exit ' + str(dead[r[0]]['code'])})"
+    parts = [f"{rank_label(r)} died ({dead[r[0]]['signal'] or 'exit ' + str(dead[r[0]]['code'])})"
              for r in ([d] for d in sorted(dead))]
-    parts += [f"rank {format_ranks(ranks)} stuck in {place}" for place, ranks in sorted(by_place.items())]
+    parts += [f"{rank_label(ranks)} stuck in {place}" for place, ranks in sorted(by_place.items())]
     finished = [o.rank for o in outcomes if o.rank not in silent and o.rank not in dead]
     if finished:
-        parts.append(f"rank {format_ranks(finished)} finished")
+        parts.append(f"{rank_label(finished)} finished")
     worst = max(o.status for o in outcomes)
     first = next(o for o in outcomes if o.status == worst)
     return CheckResult(check.name, worst, "; ".join(parts), hint=first.hint, finding=first.finding,

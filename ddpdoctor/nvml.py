@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-__all__ = ["GpuInfo", "Nvml", "load", "set_loader"]
+__all__ = ["GpuInfo", "Nvml", "load", "set_loader", "forget"]
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +148,12 @@ def load() -> Nvml:
     if _instance is None:
         _instance = _loader()
     return _instance
+
+
+def forget() -> None:
+    """Drop the process-wide view (a forked child re-initializes NVML for itself)."""
+    global _instance
+    _instance = None
 
 
 def set_loader(loader: Optional[Callable[[], Nvml]]) -> None:

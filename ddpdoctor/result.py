@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
-__all__ = ["Status", "Outcome", "CheckResult", "merge_outcomes"]
+__all__ = ["Status", "Outcome", "CheckResult", "merge_outcomes", "format_ranks", "format_seconds", "rank_label"]
 
 
 class Status(enum.IntEnum):
@@ -162,6 +162,19 @@ def format_ranks(ranks: Iterable[int]) -> str:
     return ",".join(parts)
 
 
+def format_seconds(seconds: float) -> str:
+    """``0.0042`` -> ``"4 ms"``, ``2.5`` -> ``"2.50s"``: durations people read at a glance."""
+    if seconds < 1.0:
+        return f"{seconds * 1000:.0f} ms" if seconds >= 0.001 else f"{seconds * 1000:.1f} ms"
+    return f"{seconds:.2f}s"
+
+
+def rank_label(ranks: Iterable[int]) -> str:
+    """``"rank 3"`` or ``"ranks 0-2,5"``."""
+    ordered = sorted(set(ranks))
+    return f"rank{'s' if len(ordered) != 1 else ''} {format_ranks(ordered)}"
+
+
 def merge_outcomes(name: str, outcomes: Sequence[Outcome]) -> CheckResult:
     """Merge per-rank outcomes: the worst status wins, every rank is kept.
 
@@ -179,7 +192,7 @@ def merge_outcomes(name: str, outcomes: Sequence[Outcome]) -> CheckResult:
     if len(ordered) == 1 or (same and len(concerned) == len(ordered)):
         summary = first.summary
     elif same:
-        summary = f"rank {format_ranks(ranks)}: {first.summary}"
+        summary = f"{rank_label(ranks)}: {first.summary}"
     else:
         others = len(concerned) - 1
         summary = f"rank {first.rank}: {first.summary}"

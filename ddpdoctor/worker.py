@@ -96,6 +96,9 @@ def _prepare(spec: WorkerSpec) -> Any:
     faulthandler.enable(file=log, all_threads=True)
     faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True, chain=False)
     os.environ.update(spec.env)
+    from . import nvml
+
+    nvml.forget()  # NVML state is per process: never use the supervisor's handle after fork
     return log, stack_file
 
 

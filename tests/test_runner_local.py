@@ -89,7 +89,7 @@ def test_hung_rank_is_reported_with_its_stack_within_the_deadline(clean_launcher
     r = res["fault-hang"]
     assert r.status == Status.TIMEOUT and r.ranks == (1,)
     line = _line_of("time.sleep(seconds)")
-    assert r.summary == f"rank 1 stuck in hang_forever (tests/faults.py:{line}); rank 0,2 finished"
+    assert r.summary == f"rank 1 stuck in hang_forever (tests/faults.py:{line}); ranks 0,2 finished"
     assert any("hang_forever" in line for line in r.outcomes[1].details)
     assert res["fault-none"].summary == "not run: rank 1 hung during 'fault-hang'"
 
@@ -102,7 +102,7 @@ def test_rank_that_skips_a_collective_leaves_the_others_stuck_in_all_reduce(clea
     r = res["fault-skip-collective"]
     assert r.status == Status.TIMEOUT and r.ranks == (0, 1, 3)
     line = _line_of("dist.all_reduce(t)")
-    assert r.summary == (f"rank 0-1,3 stuck in all_reduce, called from run (tests/faults.py:{line}); "
+    assert r.summary == (f"ranks 0-1,3 stuck in all_reduce, called from run (tests/faults.py:{line}); "
                          "rank 2 finished")
 
 
