@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import shutil
-import sys
+import socket
 from typing import Any, Mapping, Optional, Sequence
 
 import psutil
@@ -72,6 +72,10 @@ def collect_environment(environ: Optional[Mapping[str, str]] = None, local_world
     gpu_view = nvml.load()
     gpus = gpu_view.gpus()
     info = launcher.detect(env, argv=[])
+    interfaces = {
+        name: sorted(a.address for a in addrs if a.family in (socket.AF_INET, socket.AF_INET6))
+        for name, addrs in psutil.net_if_addrs().items()
+    }
     return {
         "host": platform.node(),
         "platform": f"{platform.system()} {platform.release()} {platform.machine()}",
@@ -89,11 +93,45 @@ def collect_environment(environ: Optional[Mapping[str, str]] = None, local_world
         "nvml_reason": gpu_view.unavailable_reason,
         "driver": gpu_view.driver_version(),
         "gpus": [g.to_dict() for g in gpus],
+        "interfaces": interfaces,
+        "hostname_addresses": _resolve_hostname(),
+        "nodes": info.num_nodes,
         "launcher": info.launcher,
         "launcher_problems": list(info.problems),
         "launcher_conflicts": list(info.conflicts),
         "variables": redact_env(envvars.relevant(env)),
     }
+
+
+def _resolve_hostname() -> list[str]:
+    """The addresses this host's name resolves to (what gloo advertises when no interface is named)."""
+    try:
+        infos = socket.getaddrinfo(socket.gethostname(), None, type=socket.SOCK_STREAM)
+    except OSError:
+        return []
+    return sorted({str(i[4][0]) for i in infos})
+
+
+def socket_ifname_problem(var: str, value: str, interfaces: Sequence[str]) -> Optional[str]:
+    """Why ``var=value`` names no interface of this host, or None when it matches one.
+
+    GLOO_SOCKET_IFNAME lists exact names; NCCL_SOCKET_IFNAME lists prefixes, ``=name`` for an exact
+    name, and a leading ``^`` to exclude (which cannot be wrong in this way).
+    """
+    value = value.strip()
+    if not value or value.startswith("^"):
+        return None
+    wanted = [w.strip() for w in value.split(",") if w.strip()]
+    if var.startswith("NCCL"):
+        def matches(w: str) -> bool:
+            return any(i == w[1:] if w.startswith("=") else i.startswith(w) for i in interfaces)
+        missing = [w for w in wanted if not matches(w)]
+        bad = missing if len(missing) == len(wanted) else []
+    else:
+        bad = [w for w in wanted if w not in interfaces]
+    if not bad:
+        return None
+    return f"{var}={value}: no interface {', '.join(bad)} on this host (it has: {', '.join(sorted(interfaces))})"
 
 
 def _na(value: Any, unit: str = "") -> str:
@@ -166,6 +204,22 @@ def assess(facts: Mapping[str, Any]) -> Findings:
                     f"OMP_NUM_THREADS={threads} x {lws} ranks per node = {threads * lws} threads on {usable} cores",
                     f"export OMP_NUM_THREADS={per_rank}",
                 )
+    interfaces = facts.get("interfaces", {})
+    for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        value = facts["variables"].get(var)
+        problem = socket_ifname_problem(var, value, list(interfaces)) if value is not None else None
+        if problem:
+            usable = [n for n, addrs in sorted(interfaces.items()) if n != "lo" and addrs] or list(interfaces)
+            f.fail("bad-socket-ifname", problem,
+                   f"set {var} to the interface of the network the nodes share: {', '.join(usable)}")
+    loop = [a for a in facts.get("hostname_addresses", ()) if a.startswith("127.") or a == "::1"]
+    if facts.get("nodes", 1) > 1 and loop and len(loop) == len(facts.get("hostname_addresses", ())) \
+            and "GLOO_SOCKET_IFNAME" not in facts["variables"]:
+        f.warn("hostname-is-loopback",
+               f"this host's name resolves only to {', '.join(loop)}; on a multi-node job gloo advertises "
+               "that address and other nodes cannot connect",
+               "set GLOO_SOCKET_IFNAME (and NCCL_SOCKET_IFNAME) to the shared network's interface, or fix "
+               "/etc/hosts so the hostname maps to that interface's address")
     for name in facts["variables"]:
         meant = envvars.likely_typo(name)
         if meant:

@@ -9,6 +9,7 @@ The coordinator then compares ranks: unique and complete, one world size, one GP
 from __future__ import annotations
 
 import os
+import re
 import time
 from typing import Any, Optional, Sequence
 
@@ -22,6 +23,10 @@ __all__ = ["ProcessGroupCheck", "identity_table"]
 def _init_hint(text: str) -> tuple[str, str]:
     """(finding, hint) for an init_process_group failure, from its message."""
     low = text.lower()
+    if "unable to find address for" in low or "no such device" in low:
+        return ("bad-socket-ifname",
+                "GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME names an interface this host lacks: set it to one the "
+                "env check lists")
     if "timed out" in low or "timeout" in low:
         return ("pg-init-timeout",
                 "a rank did not join in time: check that every rank started, that WORLD_SIZE matches the "
@@ -35,6 +40,12 @@ def _init_hint(text: str) -> tuple[str, str]:
     if "nccl" in low:
         return ("nccl-init-failed", "rerun with NCCL_DEBUG=INFO and check /dev/shm size and the NCCL version")
     return ("pg-init-failed", "rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL and check the backend's log")
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of an exception, without C++ ``[enforce fail at file:line]`` noise."""
+    text = re.sub(r"\[enforce fail at [^\]]*\]\s*", "", str(exc)).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _own_gpu(ctx: RankContext, gpus: Sequence[nvml.GpuInfo]) -> tuple[Optional[int], Optional[str]]:
@@ -65,7 +76,7 @@ class ProcessGroupCheck(Check):
         try:
             ctx.process_group()
         except Exception as exc:  # the check's subject: report it, do not crash
-            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            text = _first_line(exc)
             finding, hint = _init_hint(str(exc))
             return ctx.failed(f"init_process_group({ctx.backend}) failed after "
                               f"{time.perf_counter() - start:.1f}s: {text}",

@@ -74,7 +74,7 @@ def run_joined(opts: RunOptions, info: LaunchInfo, checks: Sequence[Check], prog
         port_outcome = probe_connect(addr, port, opts.timeout, rank)
         if agent_store and port_outcome.status == Status.PASS:
             port_outcome = Outcome(rank, Status.PASS, f"{addr}:{port} (torchrun's store) accepted a connection",
-                                   data=dict(port_outcome.data), duration=port_outcome.duration)
+                                   data={**port_outcome.data, "agent_store": True}, duration=port_outcome.duration)
     world = WorldInfo(world_size=info.world_size, backend=backend, mode="joined", launcher=info.launcher,
                       options=dict(opts.options))
     if port_outcome.status != Status.PASS:

@@ -154,6 +154,7 @@ def _run_local(opts: RunOptions, checks: Sequence[Check], progress: Progress) ->
     world = WorldInfo(world_size=nproc, backend=backend, mode="local", options=dict(opts.options))
     workdir = tempfile.mkdtemp(prefix="ddpdoctor-")
     prefix = f"ddpdoctor/{uuid.uuid4().hex[:12]}"
+    pinned = _loopback_pins(store_addr)
     specs = [
         WorkerSpec(
             rank=r, world_size=nproc, local_rank=r, local_world_size=nproc, node_rank=0, backend=backend,
@@ -161,7 +162,7 @@ def _run_local(opts: RunOptions, checks: Sequence[Check], progress: Progress) ->
             stack_path=os.path.join(workdir, f"stack{r}"), log_path=os.path.join(workdir, f"rank{r}.log"),
             master_addr=store_addr, master_port=store_port, mode="local", options=dict(opts.options),
             env={"RANK": str(r), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(nproc),
-                 "GROUP_RANK": "0", "MASTER_ADDR": store_addr, "MASTER_PORT": str(store_port)},
+                 "GROUP_RANK": "0", "MASTER_ADDR": store_addr, "MASTER_PORT": str(store_port), **pinned},
             close_fds=(sock.fileno(),),
         )
         for r in range(nproc)
@@ -195,6 +196,24 @@ def _run_local(opts: RunOptions, checks: Sequence[Check], progress: Progress) ->
         del store
         shutil.rmtree(workdir, ignore_errors=True)
     return RunOutcome(report, int(report.exit_code(opts.strict)))
+
+
+def _loopback_pins(addr: str) -> dict[str, str]:
+    """A local world on a loopback address keeps gloo's sockets on loopback too (unless the user
+    named an interface): otherwise gloo binds whatever the hostname resolves to."""
+    import ipaddress
+
+    import psutil
+
+    try:
+        if not ipaddress.ip_address(addr).is_loopback or "GLOO_SOCKET_IFNAME" in os.environ:
+            return {}
+    except ValueError:
+        return {}
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == addr for a in addrs):
+            return {"GLOO_SOCKET_IFNAME": name}
+    return {}
 
 
 class _terminate_as_interrupt:
