@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import datetime
 import json
+import queue
+import threading
 import time
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 __all__ = ["Channel", "ChannelLost", "connect_store", "host_store"]
 
@@ -49,41 +51,103 @@ def connect_store(addr: str, port: int, timeout: float) -> Any:
         raise ChannelLost(f"could not reach the control store at {addr}:{port} within {timeout:g}s: {first}") from exc
 
 
-class Channel:
-    """JSON values under a run's prefix in a torch Store."""
+class _Call:
+    def __init__(self, fn: Callable[..., Any], args: tuple) -> None:
+        self.fn, self.args = fn, args
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: Optional[BaseException] = None
 
-    def __init__(self, store: Any, prefix: str) -> None:
+
+def _serve_calls(calls: "queue.Queue[Optional[_Call]]") -> None:
+    while True:
+        call = calls.get()
+        if call is None:
+            return
+        try:
+            call.value = call.fn(*call.args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            call.error = exc
+        call.done.set()
+
+
+class _DeadQueue:
+    """Stands in for the call queue once the store stopped answering: every call times out at once."""
+
+    def put(self, call: Optional[_Call]) -> None:
+        if call is not None:
+            call.error = ChannelLost("the control store stopped answering earlier")
+            call.done.set()
+
+
+def _dead_queue() -> Any:
+    return _DeadQueue()
+
+
+class Channel:
+    """JSON values under a run's prefix in a torch Store.
+
+    Args:
+        store: the torch Store.
+        prefix: the run's key prefix.
+        op_timeout: when set, every operation must complete within this many seconds or
+            :class:`ChannelLost` is raised. A store client blocks in ``recv`` for as long as TCP keeps
+            a dead link open; the bound turns that into an error (the operation runs on a helper
+            thread, which is left behind if it never returns).
+    """
+
+    def __init__(self, store: Any, prefix: str, op_timeout: Optional[float] = None) -> None:
         import torch.distributed as dist
 
         self.raw = store
         self.prefix = prefix
         self.store = dist.PrefixStore(prefix, store)
+        self.op_timeout = op_timeout
+        self._calls: Optional[queue.Queue] = None
+        if op_timeout is not None:
+            self._calls = queue.Queue()
+            # A daemon thread, not an executor: interpreter exit must never wait for a stuck call.
+            threading.Thread(target=_serve_calls, args=(self._calls,), name="ddpdoctor-ctl", daemon=True).start()
+
+    def _op(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            if self._calls is None:
+                return fn(*args)
+            call = _Call(fn, args)
+            self._calls.put(call)
+            if not call.done.wait(self.op_timeout):
+                self._calls = _dead_queue()  # later calls fail fast instead of queueing behind it
+                raise ChannelLost(f"the control store did not answer a {what} within {self.op_timeout:g}s "
+                                  "(lost contact with the master?)")
+            if call.error is not None:
+                raise call.error
+            return call.value
+        except ChannelLost:
+            raise
+        except Exception as exc:
+            raise ChannelLost(f"control store {what} failed: {exc}") from exc
+
+    def close(self) -> None:
+        """Stop the helper thread (it is abandoned if an operation never returns)."""
+        if self._calls is not None:
+            self._calls.put(None)
 
     def put(self, key: str, value: Any) -> None:
-        try:
-            self.store.set(key, json.dumps(value))
-        except Exception as exc:
-            raise ChannelLost(f"control store write failed: {exc}") from exc
+        self._op("write", self.store.set, key, json.dumps(value))
 
     def has(self, key: str) -> bool:
-        try:
-            return bool(self.store.check([key]))
-        except Exception as exc:
-            raise ChannelLost(f"control store read failed: {exc}") from exc
+        return bool(self._op("read", self.store.check, [key]))
 
     def get(self, key: str) -> Any:
         """The value at ``key``, which the caller knows exists."""
-        try:
-            return json.loads(self.store.get(key))
-        except Exception as exc:
-            raise ChannelLost(f"control store read failed: {exc}") from exc
+        return json.loads(self._op("read", self.store.get, key))
 
     def take(self, key: str) -> Optional[Any]:
         """The value at ``key`` if present (then deleted), else None."""
         if not self.has(key):
             return None
         value = self.get(key)
-        self.store.delete_key(key)
+        self._op("delete", self.store.delete_key, key)
         return value
 
     def present(self, keys: Iterable[str]) -> list[str]:

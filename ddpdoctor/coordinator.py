@@ -24,6 +24,7 @@ __all__ = ["Coordinator", "Progress", "where_hung"]
 
 POLL = 0.005
 DEATH_GRACE = 2.0  # seconds the others get to report after a rank died
+UNREACHABLE = "no answer"  # a silent rank whose supervisor did not answer the stack request either
 
 
 class Progress:
@@ -92,6 +93,7 @@ class Coordinator:
     blocked: Optional[str] = None
     progress: Progress = field(default_factory=Progress)
     results: list = field(default_factory=list)
+    lost: set = field(default_factory=set)
     hellos: dict = field(default_factory=dict)
     current: Optional[str] = None
 
@@ -217,15 +219,19 @@ class Coordinator:
             got[r] = Outcome(r, Status.CRASH, f"died: {info['text']}", hint=info["hint"],
                              finding="rank-died", details=tuple(info.get("log", ())), data={"exit": info})
         for r in silent:
-            place = where_hung(stacks.get(r, ""))
-            got[r] = Outcome(r, Status.TIMEOUT, f"did not finish within {self.timeout:g}s: in {place}",
+            if r not in stacks:
+                self.lost.add(r)
+            place = where_hung(stacks[r]) if r in stacks else UNREACHABLE
+            got[r] = Outcome(r, Status.TIMEOUT, f"did not finish within {self.timeout:g}s: "
+                             + ("lost contact (no answer on the control channel)" if place == UNREACHABLE
+                                else f"in {place}"),
                              hint="find why the other ranks did not reach the same call (a rank that skipped "
                                   "a collective, a crash, or a slow network); raise --timeout if it is just slow",
                              finding="rank-hung", details=tuple(stacks.get(r, "").splitlines()),
                              data={"where": place}, duration=self.timeout)
         try:
             if silent or dead:
-                result = _trouble_result(check, [got[r] for r in sorted(got)], silent, dead)
+                result = _trouble_result(check, [got[r] for r in sorted(got)], silent, dead, self.world)
             else:
                 result = check.merge([got[r] for r in sorted(got)], self.world)
         except Exception as exc:  # noqa: BLE001 - a crashing merge is a result too
@@ -259,21 +265,31 @@ class Coordinator:
 
 
 def _trouble_result(check: Check, outcomes: Sequence[Outcome], silent: Sequence[int],
-                    dead: dict) -> CheckResult:
-    """A check with hung or dead ranks: group the hung ranks by where they are, name the dead."""
+                    dead: dict, world: WorldInfo) -> CheckResult:
+    """A check with hung or dead ranks: group the hung ranks by where they are, name the dead and
+    the unreachable (with their hosts: a lost link or node shows up as one host's ranks)."""
     by_place: dict[str, list[int]] = {}
     for o in outcomes:
         if o.rank in silent:
             by_place.setdefault(o.data.get("where", "?"), []).append(o.rank)
     parts = [f"{rank_label(r)} died ({dead[r[0]]['signal'] or 'exit ' + str(dead[r[0]]['code'])})"
              for r in ([d] for d in sorted(dead))]
+    lost = by_place.pop(UNREACHABLE, [])
     parts += [f"{rank_label(ranks)} stuck in {place}" for place, ranks in sorted(by_place.items())]
+    if lost:
+        hosts = sorted({world.hosts.get(r, "?") for r in lost})
+        parts.append(f"{rank_label(lost)} on {', '.join(hosts)} lost contact (no answer on the control channel)")
     finished = [o.rank for o in outcomes if o.rank not in silent and o.rank not in dead]
     if finished:
         parts.append(f"{rank_label(finished)} finished")
     worst = max(o.status for o in outcomes)
     first = next(o for o in outcomes if o.status == worst)
-    return CheckResult(check.name, worst, "; ".join(parts), hint=first.hint, finding=first.finding,
+    hint, finding = first.hint, first.finding
+    if lost and not dead:
+        hint = (f"check the network path to {', '.join(hosts)} (link, switch, firewall) and that node's health; "
+                "the other ranks are waiting for it")
+        finding = "rank-unreachable"
+    return CheckResult(check.name, worst, "; ".join(parts), hint=hint, finding=finding,
                        ranks=tuple(sorted(list(silent) + list(dead))), outcomes=tuple(outcomes),
                        duration=max(o.duration for o in outcomes))
 

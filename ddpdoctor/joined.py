@@ -91,6 +91,7 @@ def run_joined(opts: RunOptions, info: LaunchInfo, checks: Sequence[Check], prog
     )
     supervisor = Supervisor()
     store = None
+    channel: Optional[Channel] = None
     coordinator: Optional[Coordinator] = None
     report: Optional[RunReport] = None
     code = 1
@@ -102,7 +103,8 @@ def run_joined(opts: RunOptions, info: LaunchInfo, checks: Sequence[Check], prog
                 store = host_store(sock.detach(), addr, port, opts.timeout)
             else:
                 store = connect_store(addr, port, opts.timeout)
-            channel = Channel(store, prefix)
+            # A client must not block forever on a dead link; the host's own store cannot.
+            channel = Channel(store, prefix, op_timeout=None if sock is not None else max(5.0, opts.timeout))
             supervisor.attach(channel)
             channel.put(f"port/{rank}", port_outcome.to_dict())
             if rank == 0:
@@ -112,7 +114,7 @@ def run_joined(opts: RunOptions, info: LaunchInfo, checks: Sequence[Check], prog
                 report = RunReport(coordinator.world, tuple(results), duration=time.monotonic() - start)
                 code = int(report.exit_code(opts.strict))
                 coordinator.finish(code)
-                _wait_byes(channel, supervisor, coordinator.world.arrived)
+                _wait_byes(channel, supervisor, [r for r in coordinator.world.arrived if r not in coordinator.lost])
             else:
                 code, message = _follow(channel, supervisor, rank, opts.timeout * (len(checks) + 3))
     except ChannelLost as exc:
@@ -130,6 +132,8 @@ def run_joined(opts: RunOptions, info: LaunchInfo, checks: Sequence[Check], prog
             code, message = 130, f"ddpdoctor rank {rank}: interrupted by {why}"
     finally:
         supervisor.stop()
+        if channel is not None:
+            channel.close()
         if sock is not None and sock.fileno() != -1:
             sock.close()
         del store

@@ -78,6 +78,24 @@ class SkipCollectiveCheck(Check):
         return ctx.passed("fine")
 
 
+class MarkThenCollectiveCheck(Check):
+    """Every rank touches FAULT_MARKER.<rank>, sleeps FAULT_DELAY seconds, then all_reduces: a test
+    can break something (a link, a process) in that window, knowing every rank got there."""
+
+    name = "fault-mark-then-collective"
+    description = "marker file, pause, all_reduce"
+    requires = Requirements(min_world_size=2, process_group=True)
+
+    def run(self, ctx: RankContext) -> Outcome:
+        ctx.process_group()
+        with open(f"{os.environ['FAULT_MARKER']}.{ctx.rank}", "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(float(os.environ.get("FAULT_DELAY", "2")))
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        return ctx.passed(f"sum {t.item():g}")
+
+
 class PassCheck(Check):
     name = "fault-none"
     description = "passes on every rank (runs after a fault)"
@@ -86,4 +104,4 @@ class PassCheck(Check):
         return ctx.passed(f"rank {ctx.rank} ok")
 
 
-CHECKS = [RaiseCheck, ExitCheck, SegvCheck, HangCheck, SkipCollectiveCheck, PassCheck]
+CHECKS = [RaiseCheck, ExitCheck, SegvCheck, HangCheck, SkipCollectiveCheck, MarkThenCollectiveCheck, PassCheck]
