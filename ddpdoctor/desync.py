@@ -81,6 +81,10 @@ class DesyncError(DdpdoctorError):
         noun = "tensor differs" if len(self.mismatches) == 1 else "tensors differ"
         message = f"{len(self.mismatches)} {noun} across ranks:\n  " + "\n  ".join(lines)
         super().__init__("param-desync", message, hint or _HINT)
+        self._shown = shown
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.mismatches, self.hint, self._shown))
 
 
 _HINT = ("wrap the model in DistributedDataParallel before training (it broadcasts rank 0's state), "

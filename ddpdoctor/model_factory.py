@@ -17,7 +17,7 @@ from torch import nn
 from .errors import UsageError
 
 __all__ = ["TinyConvNet", "LoadedModel", "load_factory", "build_model", "parse_input_shape",
-           "guess_input_shape", "load_model", "forward_loss", "BUILTIN_INPUT_SHAPE"]
+           "guess_input_shape", "load_model", "forward_loss", "rank_batch", "BUILTIN_INPUT_SHAPE"]
 
 BUILTIN_INPUT_SHAPE = (8, 3, 16, 16)
 
@@ -189,3 +189,9 @@ def _float_tensors(out: Any) -> list[torch.Tensor]:
     if isinstance(out, (list, tuple)):
         return [t for v in out for t in _float_tensors(v)]
     return []
+
+
+def rank_batch(shape: Sequence[int], rank: int, step: int = 0) -> torch.Tensor:
+    """A synthetic batch that differs by rank and step (rank r is centred on r, scaled by 1 + r)."""
+    gen = torch.Generator().manual_seed(7919 * (rank + 1) + step)
+    return torch.randn(tuple(shape), generator=gen) * (1.0 + rank) + rank
