@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ddpdoctor.batchnorm import batchnorm_layers, bn_divergence, sync_bn_stats
 from ddpdoctor.check import Check, RankContext, Requirements
 from ddpdoctor.errors import UsageError
-from ddpdoctor.model_factory import forward_loss, load_model, rank_batch
+from ddpdoctor.model_factory import forward_loss, load_model, rank_batch, unused_parameters
 from ddpdoctor.result import Outcome
 
 __all__ = ["BnSyncCheck"]
@@ -56,17 +56,23 @@ class BnSyncCheck(Check):
                    + ", ".join(names)]
         data: dict[str, Any] = {"model": loaded.label, "layers": names}
 
-        if ctx.device != "cpu":
-            model.to(ctx.device)
-            ddp = DistributedDataParallel(model, device_ids=[ctx.local_rank])
-        else:
-            ddp = DistributedDataParallel(model)
-        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
         try:
+            # parameters without gradients would make DDP fail on the second step
+            unused = bool(unused_parameters(model, rank_batch(loaded.input_shape, ctx.rank)))
+            if ctx.device != "cpu":
+                model.to(ctx.device)
+                ddp = DistributedDataParallel(model, device_ids=[ctx.local_rank],
+                                              find_unused_parameters=unused)
+            else:
+                ddp = DistributedDataParallel(model, find_unused_parameters=unused)
+            optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
             for step in range(STEPS):
                 optimizer.zero_grad(set_to_none=True)
-                forward_loss(ddp, rank_batch(loaded.input_shape, ctx.rank, step).to(ctx.device)).backward()
+                batch = rank_batch(loaded.input_shape, ctx.rank, step + 1).to(ctx.device)
+                forward_loss(ddp, batch).backward()
                 optimizer.step()
+        except UsageError as exc:
+            return ctx.failed(exc.message, hint=exc.hint, finding=exc.reference, details=details, data=data)
         except Exception as exc:  # noqa: BLE001 - the user's forward is theirs to fix
             return ctx.failed(f"training step on input {loaded.input_shape} raised "
                               f"{type(exc).__name__}: {exc}",

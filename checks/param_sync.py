@@ -18,21 +18,12 @@ from torch.nn.parallel import DistributedDataParallel
 from ddpdoctor.check import Check, RankContext, Requirements
 from ddpdoctor.desync import DesyncError, assert_in_sync
 from ddpdoctor.errors import UsageError
-from ddpdoctor.model_factory import LoadedModel, forward_loss, load_model, rank_batch
+from ddpdoctor.model_factory import LoadedModel, forward_loss, load_model, rank_batch, unused_parameters
 from ddpdoctor.result import Outcome
 
-__all__ = ["ParamSyncCheck", "unused_parameters"]
+__all__ = ["ParamSyncCheck"]
 
 STEPS = 2
-
-
-def unused_parameters(model: torch.nn.Module, batch: torch.Tensor) -> list[str]:
-    """Names of trainable parameters left without a gradient by one forward/backward (grads reset)."""
-    model.zero_grad(set_to_none=True)
-    forward_loss(model, batch).backward()
-    unused = [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None]
-    model.zero_grad(set_to_none=True)
-    return unused
 
 
 def _wrap(model: torch.nn.Module, ctx: RankContext, find_unused: bool) -> DistributedDataParallel:
@@ -126,8 +117,8 @@ class ParamSyncCheck(Check):
                      "with 'Expected to have finished reduction in the prior iteration'",
                 finding="unused-parameters", details=details, data=data)
         if caught:
-            summary = (f"rank-dependent init caught ({_short(caught, 1)} and others differ); "
-                       "DDP construction synced them")
+            summary = (f"rank-dependent init caught ({len(caught.mismatches)} tensors differ, e.g. "
+                       f"{caught.mismatches[0].name}); DDP construction synced them")
         else:
             summary = "parameters identical on every rank"
         if loaded.input_shape is not None:
@@ -146,10 +137,16 @@ class ParamSyncCheck(Check):
             try:
                 assert_in_sync(ddp, grads=True, buffers=False)
             except DesyncError as exc:
-                return ctx.failed(f"gradients differ across ranks after step {step + 1}: {_short(exc)}",
-                                  hint="let DDP reduce the gradients: call backward on the DDP "
-                                       "module's output and do not modify .grad on some ranks only",
-                                  finding="grad-desync", details=details + [str(exc)], data=data)
+                if all(m.name.startswith("grad:") for m in exc.mismatches):
+                    return ctx.failed(f"gradients differ across ranks at step {step + 1}: {_short(exc)}",
+                                      hint="let DDP reduce the gradients: call backward on the DDP "
+                                           "module's output and do not modify .grad on some ranks only",
+                                      finding="grad-desync", details=details + [str(exc)], data=data)
+                return ctx.failed(f"parameters differ across ranks in step {step + 1}: {_short(exc)}",
+                                  hint="change parameters only through the optimizer, identically on "
+                                       "every rank (no rank-dependent in-place updates in forward)",
+                                  finding="param-desync-after-step", details=details + [str(exc)],
+                                  data=data)
             optimizer.step()
             try:
                 assert_in_sync(ddp, buffers=False)

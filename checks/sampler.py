@@ -88,7 +88,10 @@ class SamplerCheck(Check):
         sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=0)
         seeds = _gather(sampler.seed)
         if len(set(seeds)) > 1:
-            problems.append(("sampler-seed-mismatch", f"ranks use different seeds {seeds}",
+            problems.append(("sampler-seed-mismatch",
+                             "ranks shuffle with different seeds ("
+                             + ", ".join(f"rank {r}: {v}" for r, v in enumerate(seeds))
+                             + f"), so their shards overlap on {dupes - padding} samples and miss {missed}",
                              "pass the same seed to DistributedSampler on every rank"))
         skewed_dupes, skewed_missed = _overlap(_shards(n, world, rank, shuffle=True, seed=rank), n)
         details.append(f"seed: every rank uses seed {seeds[0]}; with seed=rank instead the shards "
@@ -128,6 +131,8 @@ class SamplerCheck(Check):
         data = {"dataset": n, "padding": padding, "dropped": d_missed, "seed": seeds[0],
                 "repeats_without_set_epoch": repeats, "guard_warned": warned}
         if problems:
+            # a seed mismatch causes the overlaps and gaps: name the cause first
+            problems.sort(key=lambda p: p[0] != "sampler-seed-mismatch")
             finding, summary, hint = problems[0]
             return ctx.failed(summary, hint=hint, finding=finding, details=details, data=data)
         summary = (f"{n} samples over {world} ranks: shards disjoint and complete ({padding} padding "

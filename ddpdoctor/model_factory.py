@@ -17,7 +17,8 @@ from torch import nn
 from .errors import UsageError
 
 __all__ = ["TinyConvNet", "LoadedModel", "load_factory", "build_model", "parse_input_shape",
-           "guess_input_shape", "load_model", "forward_loss", "rank_batch", "BUILTIN_INPUT_SHAPE"]
+           "guess_input_shape", "load_model", "forward_loss", "rank_batch", "unused_parameters",
+           "BUILTIN_INPUT_SHAPE"]
 
 BUILTIN_INPUT_SHAPE = (8, 3, 16, 16)
 
@@ -195,3 +196,16 @@ def rank_batch(shape: Sequence[int], rank: int, step: int = 0) -> torch.Tensor:
     """A synthetic batch that differs by rank and step (rank r is centred on r, scaled by 1 + r)."""
     gen = torch.Generator().manual_seed(7919 * (rank + 1) + step)
     return torch.randn(tuple(shape), generator=gen) * (1.0 + rank) + rank
+
+
+def unused_parameters(model: nn.Module, batch: torch.Tensor) -> list[str]:
+    """Names of trainable parameters that get no gradient from one forward/backward.
+
+    Under DDP such parameters cause "Expected to have finished reduction in the prior iteration"
+    unless ``find_unused_parameters=True``. The gradients are reset to None afterwards.
+    """
+    model.zero_grad(set_to_none=True)
+    forward_loss(model, batch).backward()
+    unused = [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    model.zero_grad(set_to_none=True)
+    return unused
