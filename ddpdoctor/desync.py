@@ -5,14 +5,19 @@ fingerprints of all tensors in one ``all_gather``, and only when fingerprints di
 largest absolute difference of the tensors concerned. The bytes exchanged grow with the number of
 tensors, not with the number of parameters.
 
-The fingerprint of a tensor reads its bytes as 32-bit words ``x_i`` and computes
-``sum_i wrap32(x_i * w_i)`` in 64-bit integers, with fixed pseudo-random odd weights ``w_i`` that
-are the same on every rank. Integer arithmetic makes it independent of the reduction order (thread
-counts may differ between ranks). A change to any single element (one flipped bit included) always
-changes the low 32 bits, because an odd weight times a non-zero 32-bit difference is non-zero
-modulo 2**32; a permutation changes it unless the weights collide, which random 32-bit weights make
-improbable. Tensors longer than one weight block are hashed block by block and the blocks combined
-with distinct odd 64-bit keys, so moving elements between blocks is seen too.
+The fingerprint of a tensor reads its bytes as 32-bit words laid out in rows of 256, hashes each
+row with one integer matrix-vector product against fixed odd weights (modulo 2**32), and combines
+the row hashes with fixed odd 64-bit keys (modulo 2**64). Weights and keys are the same on every
+rank, and integer arithmetic makes the result independent of the reduction order (thread counts
+may differ between ranks). Guarantees:
+
+* a change to any single element (one flipped bit included) always changes the fingerprint: an odd
+  weight times a non-zero 32-bit difference is non-zero modulo 2**32, and so is its product with an
+  odd key modulo 2**64;
+* elements moved to another row (any permutation of a large tensor) change it unless 64-bit keys
+  collide; elements swapped within one row change it unless 32-bit weights collide. The one blind
+  spot of 32-bit weights: swapping two elements of the same row that differ only in the top bit of
+  their word (``x`` and ``-x`` in float32) is not seen.
 """
 
 from __future__ import annotations
@@ -29,10 +34,11 @@ __all__ = ["assert_in_sync", "DesyncError", "TensorMismatch", "fingerprint"]
 
 log = logging.getLogger(__name__)
 
-_BLOCK = 1 << 22  # words hashed per weight block (16 MiB of data, 16 MiB of weights)
+_ROW = 256  # 32-bit words per row: each row is hashed with one matrix-vector product
 _SEED = 0x5EED_D0C
 _MASK64 = (1 << 64) - 1
 _weights: dict[torch.device, torch.Tensor] = {}
+_keys: dict[torch.device, torch.Tensor] = {}
 
 
 class TensorMismatch:
@@ -92,23 +98,36 @@ _HINT = ("wrap the model in DistributedDataParallel before training (it broadcas
          "outside the optimizer on some ranks only")
 
 
+def _signed(value: int) -> int:
+    value &= _MASK64
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
 def _weights_for(device: torch.device) -> torch.Tensor:
-    """The fixed odd int32 weights, identical on every rank, cached per device."""
+    """The fixed odd int32 column weights, identical on every rank, cached per device."""
     w = _weights.get(device)
     if w is None:
         gen = torch.Generator().manual_seed(_SEED)
-        w = torch.randint(-(1 << 31), 1 << 31, (_BLOCK,), generator=gen, dtype=torch.int64)
-        w = (w | 1).to(torch.int32).to(device)
-        _weights[device] = w
+        w = torch.randint(-(1 << 31), 1 << 31, (_ROW,), generator=gen, dtype=torch.int64)
+        w = _weights[device] = (w | 1).to(torch.int32).to(device)
     return w
 
 
-def _block_key(index: int) -> int:
-    """splitmix64 of the block index, made odd: distinct keys for the blocks of one tensor."""
-    z = (index + 0x9E3779B97F4A7C15 * (index + 1)) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return (z ^ (z >> 31)) | 1
+def _mix(z: torch.Tensor) -> torch.Tensor:
+    """A splitmix64-style finalizer in wrapping int64 arithmetic: a fixed function of the index."""
+    z = z * _signed(0x9E3779B97F4A7C15) + _signed(0x632BE59BD9B4E019)
+    z = (z ^ (z >> 30)) * _signed(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> 27)) * _signed(0x94D049BB133111EB)
+    return z ^ (z >> 31)
+
+
+def _row_keys(rows: int, device: torch.device) -> torch.Tensor:
+    """Odd pseudo-random int64 keys for rows ``0..rows-1``; key ``i`` depends on ``i`` only."""
+    keys = _keys.get(device)
+    if keys is None or keys.numel() < rows:
+        size = max(rows, 4096, 2 * (keys.numel() if keys is not None else 0))
+        keys = _keys[device] = _mix(torch.arange(size, dtype=torch.int64, device=device)) | 1
+    return keys[:rows]
 
 
 def _words(t: torch.Tensor) -> torch.Tensor:
@@ -130,16 +149,31 @@ def _words(t: torch.Tensor) -> torch.Tensor:
     return padded.view(torch.int32)
 
 
+def _row_hashes(rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``wrap32(sum_k rows[r, k] * w[k])`` for every row: int32 arithmetic modulo 2**32."""
+    if rows.device.type == "cpu":
+        return torch.mv(rows, w)  # fused multiply-add: one read of the data
+    return torch.mul(rows, w).sum(dim=1, dtype=torch.int32)  # same value; CUDA has no integer mv
+
+
 def _fingerprint_tensor(t: torch.Tensor) -> torch.Tensor:
-    """The fingerprint as a 0-dim int64 tensor on the tensor's device (no host sync)."""
+    """The fingerprint as a 0-dim int64 tensor on the tensor's device (no host sync).
+
+    The words are laid out in rows of ``_ROW``; row ``r`` hashes to
+    ``R[r] = wrap32(sum_k x[r, k] * w[k])`` with odd weights ``w``, and the rows combine as
+    ``sum_r R[r] * key[r]`` modulo 2**64 with odd keys, so an element's position counts both
+    within and across rows.
+    """
     words = _words(t)
     w = _weights_for(words.device)
-    total = torch.zeros((), dtype=torch.int64, device=words.device)
-    for block, start in enumerate(range(0, words.numel(), _BLOCK)):
-        chunk = words[start:start + _BLOCK]
-        s = torch.mul(chunk, w[: chunk.numel()]).sum(dtype=torch.int64)
-        total += s * _signed(_block_key(block)) if block else s  # int64 arithmetic wraps mod 2**64
-    return total
+    full, tail = divmod(words.numel(), _ROW)
+    parts = [_row_hashes(words[: full * _ROW].view(full, _ROW), w)]
+    if tail:
+        last = torch.zeros(1, _ROW, dtype=torch.int32, device=words.device)
+        last[0, :tail] = words[full * _ROW:]
+        parts.append(_row_hashes(last, w))
+    rows = torch.cat(parts).to(torch.int64)
+    return (rows * _row_keys(rows.numel(), words.device)).sum()
 
 
 def fingerprint(t: torch.Tensor) -> int:
@@ -148,10 +182,6 @@ def fingerprint(t: torch.Tensor) -> int:
     Equal on every rank for bitwise-equal tensors; different for any single-element change.
     """
     return int(_fingerprint_tensor(t))
-
-
-def _signed(value: int) -> int:
-    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def _layout_hash(name: str, t: Optional[torch.Tensor]) -> int:

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch._dynamo  # noqa: F401 - DDP imports it on first use; once here, not in every forked rank
 
-from ddpdoctor.desync import _BLOCK, DesyncError, assert_in_sync, fingerprint
+from ddpdoctor.desync import _ROW, DesyncError, assert_in_sync, fingerprint
 from worlds import run_world
 
 
@@ -195,13 +195,19 @@ def test_fingerprint_covers_odd_dtypes_sizes_and_block_boundaries():
     flags = torch.tensor([True, False, True])
     assert fingerprint(flags) != fingerprint(torch.tensor([True, True, True]))
     assert fingerprint(torch.arange(5)) != fingerprint(torch.arange(5).flip(0))
-    big = torch.zeros(_BLOCK + 10)
-    big[0], big[_BLOCK + 1] = 1.0, 2.0
+    big = torch.zeros(3 * _ROW + 10)
+    big[0], big[_ROW + 1] = 1.0, 2.0  # swapped across rows
     moved = big.clone()
-    moved[0], moved[_BLOCK + 1] = 2.0, 1.0
+    moved[0], moved[_ROW + 1] = 2.0, 1.0
     assert fingerprint(big) != fingerprint(moved)
-    shifted = torch.zeros(_BLOCK + 10)
-    shifted[_BLOCK] = 1.0
-    other = torch.zeros(_BLOCK + 10)
-    other[0] = 1.0
-    assert fingerprint(shifted) != fingerprint(other)
+    moved_rows = big.clone()
+    moved_rows[[0, _ROW]] = moved_rows[[_ROW, 0]]  # same column, another row
+    assert fingerprint(big) != fingerprint(moved_rows)
+    for index in (0, _ROW - 1, _ROW, 3 * _ROW, 3 * _ROW + 9):  # row edges and the padded tail
+        one = torch.zeros(3 * _ROW + 10)
+        one[index] = 1e-30
+        assert fingerprint(one) != fingerprint(torch.zeros(3 * _ROW + 10)), index
+    signs = torch.randn(4 * _ROW, generator=torch.Generator().manual_seed(1))
+    flipped_far = signs.clone()
+    flipped_far[[5, 3 * _ROW + 5]] = flipped_far[[3 * _ROW + 5, 5]]
+    assert fingerprint(signs) != fingerprint(flipped_far)
