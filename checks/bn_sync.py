@@ -38,6 +38,10 @@ class BnSyncCheck(Check):
 
     def run(self, ctx: RankContext) -> Outcome:
         ctx.process_group()
+        with torch.random.fork_rng(devices=[]):  # leave the worker's RNG as it was
+            return self._run(ctx)
+
+    def _run(self, ctx: RankContext) -> Outcome:
         torch.manual_seed(0)
         try:
             loaded = load_model(ctx.options)

@@ -49,6 +49,10 @@ class ParamSyncCheck(Check):
 
     def run(self, ctx: RankContext) -> Outcome:
         ctx.process_group()
+        with torch.random.fork_rng(devices=[]):  # leave the worker's RNG as it was
+            return self._run(ctx)
+
+    def _run(self, ctx: RankContext) -> Outcome:
         torch.manual_seed(1000 + ctx.rank)  # rank-dependent init: the bug DDP's broadcast fixes
         try:
             loaded = load_model(ctx.options)

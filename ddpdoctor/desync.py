@@ -133,6 +133,8 @@ def _row_keys(rows: int, device: torch.device) -> torch.Tensor:
 def _words(t: torch.Tensor) -> torch.Tensor:
     """The tensor's raw bytes as a flat int32 tensor (zero-padded to a multiple of 4 bytes)."""
     flat = t.detach()
+    if flat.layout != torch.strided:  # sparse gradients (nn.Embedding(sparse=True))
+        flat = flat.to_dense()
     if flat.is_complex():
         flat = torch.view_as_real(flat)
     flat = flat.contiguous().reshape(-1)
@@ -221,7 +223,10 @@ def _max_abs_diff(t: torch.Tensor, group: Any, device: torch.device) -> float:
     """Largest element difference across ranks: one all_reduce(MAX) of ``[x, -x]`` in float64."""
     import torch.distributed as dist
 
-    x = t.detach().reshape(-1)
+    x = t.detach()
+    if x.layout != torch.strided:
+        x = x.to_dense()
+    x = x.reshape(-1)
     if x.is_complex():
         x = torch.view_as_real(x).reshape(-1)
     x = x.to(device=device, dtype=torch.float64)
@@ -294,6 +299,8 @@ def assert_in_sync(module: torch.nn.Module, *, grads: bool = False, buffers: boo
             versions, None, "layout")],
             hint="build the same model on every rank: the ranks disagree on the number of "
                  "parameters and buffers")
+    if not entries:
+        return None
 
     shapes = torch.tensor([_layout_hash(n, t) for n, t in entries], dtype=torch.int64, device=device)
     zero = torch.zeros((), dtype=torch.int64, device=device)

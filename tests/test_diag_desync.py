@@ -143,14 +143,24 @@ def _two_ranks(rank: int, world: int) -> tuple:
         with torch.no_grad():
             model[0].weight[0, 0] = torch.nextafter(model[0].weight[0, 0], torch.tensor(1.0))
     exc = _desync(model)
-    return clean is None, [m.name for m in exc.mismatches] if exc else None
+    empty = _desync(torch.nn.ReLU())
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(10, 3, sparse=True)
+    emb(torch.tensor([1, 2, 2])).sum().backward()
+    sparse_clean = _desync(emb, grads=True)
+    emb.zero_grad()
+    emb(torch.tensor([1, 2 + rank])).sum().backward()
+    sparse = _desync(emb, grads=True)
+    return (clean is None, [m.name for m in exc.mismatches] if exc else None, empty is None,
+            sparse_clean is None, [m.name for m in sparse.mismatches] if sparse else None)
 
 
 @pytest.mark.timeout(30)
-def test_two_ranks_one_ulp_apart_are_caught():
-    for clean, names in run_world(_two_ranks, 2, timeout=25):
-        assert clean
+def test_two_ranks_one_ulp_apart_empty_modules_and_sparse_grads():
+    for clean, names, empty, sparse_clean, sparse in run_world(_two_ranks, 2, timeout=25):
+        assert clean and empty and sparse_clean
         assert names == ["param:0.weight"]
+        assert sparse == ["grad:weight"]
 
 
 @pytest.mark.timeout(30)

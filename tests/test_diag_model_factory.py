@@ -10,6 +10,7 @@ import torch
 from ddpdoctor.errors import UsageError
 from ddpdoctor.model_factory import (BUILTIN_INPUT_SHAPE, TinyConvNet, build_model, forward_loss,
                                      guess_input_shape, load_model, parse_input_shape)
+from worlds import run_world
 
 
 @pytest.fixture
@@ -53,6 +54,7 @@ def test_bad_factories_are_usage_errors_that_name_the_value_and_the_fix(user_mod
     assert "Traceback" not in err.one_line()
 
 
+@pytest.mark.timeout(30)
 def test_good_factories_and_shapes(user_models):
     assert isinstance(build_model("diag_user_models:good"), torch.nn.Sequential)
     assert isinstance(build_model("diag_user_models:Nested.build"), torch.nn.Conv1d)
@@ -63,7 +65,11 @@ def test_good_factories_and_shapes(user_models):
     builtin = load_model({})
     assert builtin.builtin and isinstance(builtin.module, TinyConvNet)
     assert builtin.input_shape == BUILTIN_INPUT_SHAPE
-    assert forward_loss(builtin.module, torch.randn(BUILTIN_INPUT_SHAPE)).dim() == 0
+    # A forward runs OpenMP threads; run it in a child, never in the pytest process that forks
+    # the gloo worlds of later tests (libgomp's thread pool does not survive fork).
+    dims = run_world(lambda rank, world: forward_loss(builtin.module, torch.randn(BUILTIN_INPUT_SHAPE)).dim(),
+                     1, backend=None, timeout=20)
+    assert dims == [0]
     assert guess_input_shape(torch.nn.Embedding(3, 3)) is None
 
 
