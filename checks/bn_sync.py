@@ -18,7 +18,8 @@ from torch.nn.parallel import DistributedDataParallel
 from ddpdoctor.batchnorm import batchnorm_layers, bn_divergence, sync_bn_stats
 from ddpdoctor.check import Check, RankContext, Requirements
 from ddpdoctor.errors import UsageError
-from ddpdoctor.model_factory import forward_loss, load_model, rank_batch, unused_parameters
+from ddpdoctor.model_factory import (failed_elsewhere, forward_failed, forward_loss, load_model,
+                                     rank_batch, ranks_that_failed, unused_parameters)
 from ddpdoctor.result import Outcome
 
 __all__ = ["BnSyncCheck"]
@@ -46,7 +47,11 @@ class BnSyncCheck(Check):
         try:
             loaded = load_model(ctx.options)
         except UsageError as exc:
+            ranks_that_failed(False)
             return ctx.failed(exc.message, hint=exc.hint, finding=exc.reference)
+        elsewhere = ranks_that_failed(True)
+        if elsewhere:
+            return failed_elsewhere(ctx, elsewhere, "build the model")
         model = loaded.module.train()
         layers = [(name, bn) for name, bn in batchnorm_layers(model)
                   if not isinstance(bn, torch.nn.SyncBatchNorm)]
@@ -63,6 +68,13 @@ class BnSyncCheck(Check):
         try:
             # parameters without gradients would make DDP fail on the second step
             unused = bool(unused_parameters(model, rank_batch(loaded.input_shape, ctx.rank)))
+        except Exception as exc:  # noqa: BLE001 - the user's forward is theirs to fix
+            ranks_that_failed(False)
+            return forward_failed(ctx, exc, loaded.input_shape, details, data)
+        elsewhere = ranks_that_failed(True)
+        if elsewhere:
+            return failed_elsewhere(ctx, elsewhere, "run forward/backward")
+        try:
             if ctx.device != "cpu":
                 model.to(ctx.device)
                 ddp = DistributedDataParallel(model, device_ids=[ctx.local_rank],
@@ -75,14 +87,8 @@ class BnSyncCheck(Check):
                 batch = rank_batch(loaded.input_shape, ctx.rank, step + 1).to(ctx.device)
                 forward_loss(ddp, batch).backward()
                 optimizer.step()
-        except UsageError as exc:
-            return ctx.failed(exc.message, hint=exc.hint, finding=exc.reference, details=details, data=data)
         except Exception as exc:  # noqa: BLE001 - the user's forward is theirs to fix
-            return ctx.failed(f"training step on input {loaded.input_shape} raised "
-                              f"{type(exc).__name__}: {exc}",
-                              hint="pass the batch shape your model takes with --input-shape, "
-                                   "e.g. --input-shape 8,3,32,32",
-                              finding="model-forward-failed", details=details, data=data)
+            return forward_failed(ctx, exc, loaded.input_shape, details, data)
 
         before = {k: v for k, v in bn_divergence(model).items() if k in names}
         worst_name = max(before, key=lambda k: before[k])

@@ -18,7 +18,8 @@ from torch.nn.parallel import DistributedDataParallel
 from ddpdoctor.check import Check, RankContext, Requirements
 from ddpdoctor.desync import DesyncError, assert_in_sync
 from ddpdoctor.errors import UsageError
-from ddpdoctor.model_factory import LoadedModel, forward_loss, load_model, rank_batch, unused_parameters
+from ddpdoctor.model_factory import (LoadedModel, failed_elsewhere, forward_failed, forward_loss,
+                                     load_model, rank_batch, ranks_that_failed, unused_parameters)
 from ddpdoctor.result import Outcome
 
 __all__ = ["ParamSyncCheck"]
@@ -57,7 +58,11 @@ class ParamSyncCheck(Check):
         try:
             loaded = load_model(ctx.options)
         except UsageError as exc:
+            ranks_that_failed(False)
             return ctx.failed(exc.message, hint=exc.hint, finding=exc.reference)
+        elsewhere = ranks_that_failed(True)
+        if elsewhere:
+            return failed_elsewhere(ctx, elsewhere, "build the model")
         model = loaded.module.train()
         details: list[str] = [f"model: {loaded.label}, "
                               f"{sum(p.numel() for p in model.parameters())} parameters"]
@@ -86,14 +91,12 @@ class ParamSyncCheck(Check):
         else:
             try:
                 unused = unused_parameters(model, rank_batch(loaded.input_shape, ctx.rank))
-            except UsageError as exc:
-                return ctx.failed(exc.message, hint=exc.hint, finding=exc.reference, details=details, data=data)
             except Exception as exc:  # noqa: BLE001 - the user's forward is theirs to fix
-                return ctx.failed(f"forward/backward on input {loaded.input_shape} raised "
-                                  f"{type(exc).__name__}: {exc}",
-                                  hint="pass the batch shape your model takes with --input-shape, "
-                                       "e.g. --input-shape 8,3,32,32",
-                                  finding="model-forward-failed", details=details, data=data)
+                ranks_that_failed(False)
+                return forward_failed(ctx, exc, loaded.input_shape, details, data)
+            elsewhere = ranks_that_failed(True)
+            if elsewhere:
+                return failed_elsewhere(ctx, elsewhere, "run forward/backward")
         data["unused"] = unused
 
         ddp = _wrap(model, ctx, find_unused=bool(unused))

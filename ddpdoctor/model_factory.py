@@ -15,10 +15,11 @@ import torch
 from torch import nn
 
 from .errors import UsageError
+from .result import format_ranks
 
 __all__ = ["TinyConvNet", "LoadedModel", "load_factory", "build_model", "parse_input_shape",
            "guess_input_shape", "load_model", "forward_loss", "rank_batch", "unused_parameters",
-           "BUILTIN_INPUT_SHAPE"]
+           "ranks_that_failed", "failed_elsewhere", "forward_failed", "BUILTIN_INPUT_SHAPE"]
 
 BUILTIN_INPUT_SHAPE = (8, 3, 16, 16)
 
@@ -209,3 +210,36 @@ def unused_parameters(model: nn.Module, batch: torch.Tensor) -> list[str]:
     unused = [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None]
     model.zero_grad(set_to_none=True)
     return unused
+
+
+def ranks_that_failed(ok: bool, group: Any = None) -> list[int]:
+    """Every rank says whether its step worked; returns the ranks that said no (a collective).
+
+    Checks call it after each step that may fail on some ranks only (importing the user's model,
+    a forward pass), so that the other ranks stop too instead of waiting in the next collective.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return [] if ok else [0]
+    votes: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(votes, bool(ok), group=group)
+    return [rank for rank, vote in enumerate(votes) if not vote]
+
+
+def failed_elsewhere(ctx: Any, ranks: list[int], what: str) -> Any:
+    """The FAIL outcome of a rank whose own step worked while ``ranks`` failed theirs."""
+    return ctx.failed(f"rank {format_ranks(ranks)} could not {what}; see that rank's result",
+                      hint="fix the error that rank reports (the model must import and run on "
+                           "every node)", finding="model-failed-on-other-rank")
+
+
+def forward_failed(ctx: Any, exc: Exception, shape: Any, details: list[str],
+                   data: dict[str, Any]) -> Any:
+    """The FAIL outcome of a rank whose forward/backward on the model raised ``exc``."""
+    if isinstance(exc, UsageError):
+        return ctx.failed(exc.message, hint=exc.hint, finding=exc.reference, details=details, data=data)
+    return ctx.failed(f"forward/backward on input {shape} raised {type(exc).__name__}: {exc}",
+                      hint="pass the batch shape your model takes with --input-shape, "
+                           "e.g. --input-shape 8,3,32,32",
+                      finding="model-forward-failed", details=details, data=data)

@@ -102,6 +102,21 @@ def drifts():
 
 def broken():
     raise RuntimeError("checkpoint not found: /nope.pt")
+
+def breaks_on_rank_one():
+    if dist.get_rank() == 1:
+        raise FileNotFoundError("weights.pt")
+    return torch.nn.Linear(3, 3)
+
+class ForwardBreaksOnRankOne(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 3)
+        self.bn = torch.nn.BatchNorm1d(3)
+    def forward(self, x):
+        if dist.get_rank() == 1:
+            raise ValueError("shape mismatch on this node")
+        return self.bn(self.fc(x))
 """
 
 
@@ -116,6 +131,10 @@ def _user_world(rank: int, world: int) -> dict:
                                 (param_mod.ParamSyncCheck,))
     out["broken"] = _run_checks(rank, world, {"model": "diag_check_models:broken"},
                                 (param_mod.ParamSyncCheck, bn_mod.BnSyncCheck))
+    out["one_rank"] = _run_checks(rank, world, {"model": "diag_check_models:breaks_on_rank_one"},
+                                  (param_mod.ParamSyncCheck, bn_mod.BnSyncCheck))
+    out["one_forward"] = _run_checks(rank, world, {"model": "diag_check_models:ForwardBreaksOnRankOne"},
+                                     (param_mod.ParamSyncCheck, bn_mod.BnSyncCheck))
     out["bad_shape"] = _run_checks(rank, world, {"model": "diag_check_models:no_batchnorm",
                                                  "input_shape": "4,x"}, (param_mod.ParamSyncCheck,))
 
@@ -168,6 +187,13 @@ def test_user_models_and_broken_setups_are_caught_and_named(tmp_path, monkeypatc
         assert result.status == Status.FAIL and result.finding == "model-factory-failed"
         assert "RuntimeError: checkpoint not found: /nope.pt" in result.summary
         assert "Traceback" not in result.summary and result.hint
+    for key, rank_one in (("one_rank", "model-factory-failed"), ("one_forward", "model-forward-failed")):
+        for i in range(2):
+            finding_0, finding_1 = results[0][key][i].finding, results[1][key][i].finding
+            assert (finding_0, finding_1) == ("model-failed-on-other-rank", rank_one), (key, i)
+        assert "rank 1 could not" in results[0][key][0].summary
+    assert "FileNotFoundError: weights.pt" in results[1]["one_rank"][0].summary
+    assert "ValueError: shape mismatch on this node" in results[1]["one_forward"][1].summary
     shape = merged("bad_shape", (param_mod.ParamSyncCheck,))["param-sync"]
     assert shape.finding == "bad-input-shape" and "'4,x'" in shape.summary
 
