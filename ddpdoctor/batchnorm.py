@@ -127,7 +127,7 @@ def sync_bn_stats(module: torch.nn.Module, *, group: Any = None) -> list[str]:
     with torch.no_grad():
         for _, bn in layers:
             n = bn.running_mean.numel()
-            mean, var, sq = flat[offset:offset + n], flat[offset + n:offset + 2 * n], flat[offset + 2 * n:offset + 3 * n]
+            mean, var, sq = (flat[offset + i * n:offset + (i + 1) * n] for i in range(3))
             pooled = (var + (sq - mean * mean).clamp_min(0.0)).reshape(bn.running_var.shape)
             bn.running_mean.copy_(mean.reshape(bn.running_mean.shape))
             bn.running_var.copy_(pooled)

@@ -64,7 +64,8 @@ def _bn_world(rank: int, world: int) -> dict:
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     for step in range(2):
         opt.zero_grad()
-        ddp(torch.randn(16, 6, generator=torch.Generator().manual_seed(rank * 10 + step)) + rank).sum().backward()
+        batch = torch.randn(16, 6, generator=torch.Generator().manual_seed(rank * 10 + step)) + rank
+        ddp(batch).sum().backward()
         opt.step()
     out["ddp_drift"] = bn_divergence(ddp)
     try:

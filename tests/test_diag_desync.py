@@ -55,7 +55,8 @@ def _ranks_world(rank: int, world: int) -> dict:
             w.copy_(w.reshape(-1)[torch.randperm(w.numel(), generator=torch.Generator().manual_seed(5))]
                     .reshape(w.shape))
     exc = _desync(perm)
-    out["perm"] = [m.name for m in exc.mismatches] if exc else [], [m.versions for m in exc.mismatches] if exc else []
+    out["perm"] = ([m.name for m in exc.mismatches] if exc else [],
+                   [m.versions for m in exc.mismatches] if exc else [])
     out["perm_sums_equal"] = float(perm[2].weight.detach().sum())
 
     # Buffers: compared by default, ignored with buffers=False.
@@ -63,7 +64,8 @@ def _ranks_world(rank: int, world: int) -> dict:
     if rank == 0:
         buf[1].running_mean += 0.5
     exc = _desync(buf)
-    out["buffer"] = [m.name for m in exc.mismatches] if exc else [], exc.mismatches[0].max_abs_diff if exc else None
+    out["buffer"] = ([m.name for m in exc.mismatches] if exc else [],
+                     exc.mismatches[0].max_abs_diff if exc else None)
     out["buffer_off"] = _desync(buf, buffers=False) is None
 
     # Gradients: compared only when asked; None on one rank is a layout mismatch.
