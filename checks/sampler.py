@@ -66,8 +66,8 @@ class SamplerCheck(Check):
         dupes, missed = _overlap(shards, n)
         padding = world * math.ceil(n / world) - n
         details.append(f"dataset of {n} samples over {world} ranks: every rank gets "
-                       f"{len(shards[0])} samples, {padding} of them padding duplicates "
-                       "(they count twice in evaluation metrics)")
+                       f"{len(shards[0])} samples; {padding} padding duplicate{'s' if padding != 1 else ''} "
+                       "in all (they count twice in evaluation metrics)")
         if missed:
             problems.append(("sampler-coverage-gap", f"{missed} of {n} samples reach no rank",
                              "pass num_replicas=world_size and rank=this rank to DistributedSampler"))
@@ -79,7 +79,7 @@ class SamplerCheck(Check):
         dropped_shards = _shards(n, world, rank, shuffle=True, seed=0, drop_last=True)
         d_dupes, d_missed = _overlap(dropped_shards, n)
         details.append(f"drop_last=True: {len(dropped_shards[0])} samples per rank, no duplicates, "
-                       f"{d_missed} samples left out of every epoch")
+                       f"{d_missed} sample{'s' if d_missed != 1 else ''} left out of every epoch")
         if d_dupes:
             problems.append(("sampler-shards-overlap",
                              f"with drop_last=True shards still overlap on {d_dupes} samples",
