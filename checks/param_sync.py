@@ -80,7 +80,13 @@ class ParamSyncCheck(Check):
         else:
             details.append("rank-dependent init without DDP: parameters identical anyway "
                            "(the model's init does not use the global RNG)")
-        if caught is None and loaded.builtin and ctx.world_size > 1:
+        if caught and any(m.reason == "layout" for m in caught.mismatches):
+            return ctx.failed(f"the model differs across ranks in structure: {_short(caught)}",
+                              hint="build the same architecture on every rank (same parameter "
+                                   "names, shapes and dtypes) before wrapping it in DDP",
+                              finding="model-structure-differs", details=details + [str(caught)],
+                              data=data)
+        if caught is None and loaded.builtin:
             return ctx.failed("assert_in_sync missed a rank-dependent initialization",
                               hint="report this ddpdoctor bug with the torch version",
                               finding="desync-not-detected", details=details, data=data)

@@ -108,6 +108,9 @@ def breaks_on_rank_one():
         raise FileNotFoundError("weights.pt")
     return torch.nn.Linear(3, 3)
 
+def wider_on_rank_one():
+    return torch.nn.Linear(3, 4 if dist.get_rank() == 1 else 3)
+
 class ForwardBreaksOnRankOne(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -135,6 +138,8 @@ def _user_world(rank: int, world: int) -> dict:
                                   (param_mod.ParamSyncCheck, bn_mod.BnSyncCheck))
     out["one_forward"] = _run_checks(rank, world, {"model": "diag_check_models:ForwardBreaksOnRankOne"},
                                      (param_mod.ParamSyncCheck, bn_mod.BnSyncCheck))
+    out["wider"] = _run_checks(rank, world, {"model": "diag_check_models:wider_on_rank_one"},
+                               (param_mod.ParamSyncCheck,))
     out["bad_shape"] = _run_checks(rank, world, {"model": "diag_check_models:no_batchnorm",
                                                  "input_shape": "4,x"}, (param_mod.ParamSyncCheck,))
 
@@ -194,6 +199,9 @@ def test_user_models_and_broken_setups_are_caught_and_named(tmp_path, monkeypatc
         assert "rank 1 could not" in results[0][key][0].summary
     assert "FileNotFoundError: weights.pt" in results[1]["one_rank"][0].summary
     assert "ValueError: shape mismatch on this node" in results[1]["one_forward"][1].summary
+    wider = merged("wider", (param_mod.ParamSyncCheck,))["param-sync"]
+    assert wider.status == Status.FAIL and wider.finding == "model-structure-differs"
+    assert wider.summary.endswith("param:weight, param:bias")
     shape = merged("bad_shape", (param_mod.ParamSyncCheck,))["param-sync"]
     assert shape.finding == "bad-input-shape" and "'4,x'" in shape.summary
 
