@@ -1,0 +1,116 @@
+"""Check ``bn-sync``: BatchNorm running statistics drift apart across ranks under DDP.
+
+DDP keeps parameters identical but each rank updates its BatchNorm running statistics from its own
+data. The check lists the BatchNorm layers that are not SyncBatchNorm, trains a few steps on
+rank-dependent data, reports how far the running statistics diverge (:func:`ddpdoctor.bn_divergence`),
+and verifies that :func:`ddpdoctor.sync_bn_stats` makes them equal. On the built-in model this is a
+demonstration (PASS); on the user's model (``--model``) diverging layers are a WARN.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch._dynamo  # noqa: F401 - DDP imports it at construction (~2 s): pay it before ranks fork
+from torch.nn.parallel import DistributedDataParallel
+
+from ddpdoctor.batchnorm import batchnorm_layers, bn_divergence, sync_bn_stats
+from ddpdoctor.check import Check, RankContext, Requirements
+from ddpdoctor.errors import UsageError
+from ddpdoctor.model_factory import (failed_elsewhere, forward_failed, forward_loss, load_model,
+                                     rank_batch, ranks_that_failed, unused_parameters)
+from ddpdoctor.result import Outcome
+
+__all__ = ["BnSyncCheck"]
+
+STEPS = 3
+FIX = ("convert with torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) before wrapping in DDP "
+       "(GPU), or call ddpdoctor.sync_bn_stats(model) on every rank before evaluation and "
+       "checkpointing")
+
+
+class BnSyncCheck(Check):
+    """BatchNorm layers that are not SyncBatchNorm, their divergence, and the fix."""
+
+    name = "bn-sync"
+    description = "BatchNorm running statistics diverge across ranks; sync_bn_stats equalizes them"
+    requires = Requirements(min_world_size=2, process_group=True)
+
+    def run(self, ctx: RankContext) -> Outcome:
+        ctx.process_group()
+        with torch.random.fork_rng(devices=[]):  # leave the worker's RNG as it was
+            return self._run(ctx)
+
+    def _run(self, ctx: RankContext) -> Outcome:
+        torch.manual_seed(0)
+        try:
+            loaded = load_model(ctx.options)
+        except UsageError as exc:
+            ranks_that_failed(False)
+            return ctx.failed(exc.message, hint=exc.hint, finding=exc.reference)
+        elsewhere = ranks_that_failed(True)
+        if elsewhere:
+            return failed_elsewhere(ctx, elsewhere, "build the model")
+        model = loaded.module.train()
+        layers = [(name, bn) for name, bn in batchnorm_layers(model)
+                  if not isinstance(bn, torch.nn.SyncBatchNorm)]
+        if not layers:
+            return ctx.skipped(f"{loaded.label} has no BatchNorm layers outside SyncBatchNorm")
+        if loaded.input_shape is None:
+            return ctx.skipped(f"{loaded.label}: input shape unknown; pass --input-shape, "
+                               "e.g. --input-shape 8,3,32,32")
+        names = [name for name, _ in layers]
+        details = [f"model: {loaded.label}; BatchNorm layers that are not SyncBatchNorm: "
+                   + ", ".join(names)]
+        data: dict[str, Any] = {"model": loaded.label, "layers": names}
+
+        try:
+            # parameters without gradients would make DDP fail on the second step
+            unused = bool(unused_parameters(model, rank_batch(loaded.input_shape, ctx.rank)))
+        except Exception as exc:  # noqa: BLE001 - the user's forward is theirs to fix
+            ranks_that_failed(False)
+            return forward_failed(ctx, exc, loaded.input_shape, details, data)
+        elsewhere = ranks_that_failed(True)
+        if elsewhere:
+            return failed_elsewhere(ctx, elsewhere, "run forward/backward")
+        try:
+            if ctx.device != "cpu":
+                model.to(ctx.device)
+                ddp = DistributedDataParallel(model, device_ids=[ctx.local_rank],
+                                              find_unused_parameters=unused)
+            else:
+                ddp = DistributedDataParallel(model, find_unused_parameters=unused)
+            optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+            for step in range(STEPS):
+                optimizer.zero_grad(set_to_none=True)
+                batch = rank_batch(loaded.input_shape, ctx.rank, step + 1).to(ctx.device)
+                forward_loss(ddp, batch).backward()
+                optimizer.step()
+        except Exception as exc:  # noqa: BLE001 - the user's forward is theirs to fix
+            return forward_failed(ctx, exc, loaded.input_shape, details, data)
+
+        before = {k: v for k, v in bn_divergence(model).items() if k in names}
+        worst_name = max(before, key=lambda k: before[k])
+        worst = before[worst_name]
+        data["divergence"] = before
+        details.append(f"after {STEPS} steps on rank-dependent data, running stats diverge by: "
+                       + ", ".join(f"{k} {v:.4g}" for k, v in before.items()))
+        sync_bn_stats(model)
+        after = bn_divergence(model)
+        left = max(after.values()) if after else 0.0
+        data["divergence_after_sync"] = left
+        details.append(f"after ddpdoctor.sync_bn_stats(model): largest divergence {left:.4g}")
+        if left > 0.0:
+            return ctx.failed(f"sync_bn_stats left running stats {left:.4g} apart",
+                              hint="report this ddpdoctor bug with the torch version",
+                              finding="bn-sync-failed", details=details, data=data)
+        details.append(f"fix: {FIX}")
+        summary = (f"{len(names)} BatchNorm layer{'s' if len(names) > 1 else ''} not SyncBatchNorm; "
+                   f"running stats diverge up to {worst:.3g} ({worst_name}) after {STEPS} steps")
+        if worst > 0.0 and not loaded.builtin:
+            return ctx.warned(summary, hint=FIX[0].upper() + FIX[1:], finding="bn-stats-diverge",
+                              details=details, data=data)
+        if worst == 0.0:
+            summary += " (identical data on every rank?)"
+        return ctx.passed(f"{summary}; sync_bn_stats equalized them: {FIX}", details=details, data=data)

@@ -1,0 +1,175 @@
+"""Check ``param-sync``: parameters and gradients are identical on every rank, before and after DDP.
+
+On the built-in model (or the user's ``--model``) built with a rank-dependent seed, the check shows
+that :func:`ddpdoctor.assert_in_sync` catches and names the desync, that DDP's broadcast at
+construction removes it, that parameters stay in sync over optimizer steps, and that gradients
+match. It also lists parameters that receive no gradient in one forward/backward: the cause of
+DDP's "Expected to have finished reduction in the prior iteration" error.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+import torch._dynamo  # noqa: F401 - DDP imports it at construction (~2 s): pay it before ranks fork
+from torch.nn.parallel import DistributedDataParallel
+
+from ddpdoctor.check import Check, RankContext, Requirements
+from ddpdoctor.desync import DesyncError, assert_in_sync
+from ddpdoctor.errors import UsageError
+from ddpdoctor.model_factory import (LoadedModel, failed_elsewhere, forward_failed, forward_loss,
+                                     load_model, rank_batch, ranks_that_failed, unused_parameters)
+from ddpdoctor.result import Outcome
+
+__all__ = ["ParamSyncCheck"]
+
+STEPS = 2
+
+
+def _wrap(model: torch.nn.Module, ctx: RankContext, find_unused: bool) -> DistributedDataParallel:
+    if ctx.device != "cpu":
+        model.to(ctx.device)
+        return DistributedDataParallel(model, device_ids=[ctx.local_rank],
+                                       find_unused_parameters=find_unused)
+    return DistributedDataParallel(model, find_unused_parameters=find_unused)
+
+
+def _short(exc: DesyncError, shown: int = 3) -> str:
+    names = [m.name for m in exc.mismatches[:shown]]
+    more = len(exc.mismatches) - len(names)
+    return ", ".join(names) + (f" and {more} more" if more > 0 else "")
+
+
+class ParamSyncCheck(Check):
+    """Parameters, gradients and buffers agree across ranks; DDP puts a desynced model in sync."""
+
+    name = "param-sync"
+    description = "parameters and gradients identical on every rank; unused parameters named"
+    requires = Requirements(min_world_size=2, process_group=True)
+
+    def run(self, ctx: RankContext) -> Outcome:
+        ctx.process_group()
+        with torch.random.fork_rng(devices=[]):  # leave the worker's RNG as it was
+            return self._run(ctx)
+
+    def _run(self, ctx: RankContext) -> Outcome:
+        torch.manual_seed(1000 + ctx.rank)  # rank-dependent init: the bug DDP's broadcast fixes
+        try:
+            loaded = load_model(ctx.options)
+        except UsageError as exc:
+            ranks_that_failed(False)
+            return ctx.failed(exc.message, hint=exc.hint, finding=exc.reference)
+        elsewhere = ranks_that_failed(True)
+        if elsewhere:
+            return failed_elsewhere(ctx, elsewhere, "build the model")
+        model = loaded.module.train()
+        details: list[str] = [f"model: {loaded.label}, "
+                              f"{sum(p.numel() for p in model.parameters())} parameters"]
+        data: dict[str, Any] = {"model": loaded.label}
+
+        caught: Optional[DesyncError] = None
+        try:
+            assert_in_sync(model, buffers=False)
+        except DesyncError as exc:
+            caught = exc
+        data["init_desync"] = [m.name for m in caught.mismatches] if caught else []
+        if caught:
+            details.append(f"rank-dependent init without DDP: caught {len(caught.mismatches)} "
+                           f"differing tensors ({_short(caught)})")
+        else:
+            details.append("rank-dependent init without DDP: parameters identical anyway "
+                           "(the model's init does not use the global RNG)")
+        if caught and any(m.reason == "layout" for m in caught.mismatches):
+            return ctx.failed(f"the model differs across ranks in structure: {_short(caught)}",
+                              hint="build the same architecture on every rank (same parameter "
+                                   "names, shapes and dtypes) before wrapping it in DDP",
+                              finding="model-structure-differs", details=details + [str(caught)],
+                              data=data)
+        if caught is None and loaded.builtin:
+            return ctx.failed("assert_in_sync missed a rank-dependent initialization",
+                              hint="report this ddpdoctor bug with the torch version",
+                              finding="desync-not-detected", details=details, data=data)
+
+        unused: list[str] = []
+        if loaded.input_shape is None:
+            details.append("unused parameters: not checked (input shape unknown)")
+        else:
+            try:
+                unused = unused_parameters(model, rank_batch(loaded.input_shape, ctx.rank))
+            except Exception as exc:  # noqa: BLE001 - the user's forward is theirs to fix
+                ranks_that_failed(False)
+                return forward_failed(ctx, exc, loaded.input_shape, details, data)
+            elsewhere = ranks_that_failed(True)
+            if elsewhere:
+                return failed_elsewhere(ctx, elsewhere, "run forward/backward")
+        data["unused"] = unused
+
+        ddp = _wrap(model, ctx, find_unused=bool(unused))
+        try:
+            assert_in_sync(ddp, buffers=True)
+        except DesyncError as exc:
+            return ctx.failed(f"still out of sync after DDP construction: {_short(exc)}",
+                              hint="build the same model on every rank (same architecture, "
+                                   "same parameter shapes and dtypes)",
+                              finding="param-desync-after-ddp", details=details + [str(exc)], data=data)
+        details.append("after DistributedDataParallel(model): parameters and buffers in sync "
+                       "(rank 0's state was broadcast)")
+
+        if loaded.input_shape is not None:
+            outcome = self._train(ctx, ddp, loaded, details, data)
+            if outcome is not None:
+                return outcome
+
+        if unused:
+            shown = ", ".join(unused[:8]) + (f" and {len(unused) - 8} more" if len(unused) > 8 else "")
+            return ctx.warned(
+                f"{len(unused)} parameter{'s' if len(unused) > 1 else ''} get no gradient: {shown}",
+                hint="remove or freeze (requires_grad_(False)) the unused parameters, or pass "
+                     "find_unused_parameters=True to DistributedDataParallel; otherwise DDP fails "
+                     "with 'Expected to have finished reduction in the prior iteration'",
+                finding="unused-parameters", details=details, data=data)
+        if caught:
+            summary = (f"rank-dependent init caught ({len(caught.mismatches)} tensors differ, e.g. "
+                       f"{caught.mismatches[0].name}); DDP construction synced them")
+        else:
+            summary = "parameters identical on every rank"
+        if loaded.input_shape is not None:
+            summary += f"; in sync after {STEPS} optimizer steps, gradients match"
+        return ctx.passed(summary, details=details, data=data)
+
+    def _train(self, ctx: RankContext, ddp: DistributedDataParallel, loaded: LoadedModel,
+               details: list[str], data: dict[str, Any]) -> Optional[Outcome]:
+        """A few DDP steps on rank-dependent data; a FAIL outcome when grads or params drift."""
+        shape = loaded.input_shape or ()
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        for step in range(STEPS):
+            optimizer.zero_grad(set_to_none=True)
+            batch = rank_batch(shape, ctx.rank, step + 1).to(ctx.device)
+            forward_loss(ddp, batch).backward()
+            try:
+                assert_in_sync(ddp, grads=True, buffers=False)
+            except DesyncError as exc:
+                if all(m.name.startswith("grad:") for m in exc.mismatches):
+                    return ctx.failed(f"gradients differ across ranks at step {step + 1}: {_short(exc)}",
+                                      hint="let DDP reduce the gradients: call backward on the DDP "
+                                           "module's output and do not modify .grad on some ranks only",
+                                      finding="grad-desync", details=details + [str(exc)], data=data)
+                return ctx.failed(f"parameters differ across ranks in step {step + 1}: {_short(exc)}",
+                                  hint="change parameters only through the optimizer, identically on "
+                                       "every rank (no rank-dependent in-place updates in forward)",
+                                  finding="param-desync-after-step", details=details + [str(exc)],
+                                  data=data)
+            optimizer.step()
+            try:
+                assert_in_sync(ddp, buffers=False)
+            except DesyncError as exc:
+                return ctx.failed(f"parameters differ across ranks after step {step + 1}: {_short(exc)}",
+                                  hint="update parameters only through the optimizer, identically "
+                                       "on every rank",
+                                  finding="param-desync-after-step", details=details + [str(exc)],
+                                  data=data)
+        details.append(f"{STEPS} SGD steps on rank-dependent data: gradients matched, parameters "
+                       "stayed in sync (buffers such as BatchNorm statistics: see bn-sync)")
+        data["steps"] = STEPS
+        return None

@@ -1,0 +1,24 @@
+"""The training-pitfall library in one import: ``from ddpdoctor.diagnostics import ...``.
+
+Sampler epochs (:func:`guard_sampler`), parameter desync (:func:`assert_in_sync`) and BatchNorm
+running statistics (:func:`bn_divergence`, :func:`sync_bn_stats`): the silent bugs of DDP training,
+caught inside the training loop.
+"""
+
+from __future__ import annotations
+
+from .batchnorm import bn_divergence, sync_bn_stats
+from .desync import DesyncError, TensorMismatch, assert_in_sync
+from .sampler_guard import SamplerEpochWarning, SamplerMismatchWarning, SamplerWarning, guard_sampler
+
+__all__ = [
+    "DesyncError",
+    "SamplerEpochWarning",
+    "SamplerMismatchWarning",
+    "SamplerWarning",
+    "TensorMismatch",
+    "assert_in_sync",
+    "bn_divergence",
+    "guard_sampler",
+    "sync_bn_stats",
+]

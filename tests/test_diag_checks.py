@@ -1,0 +1,225 @@
+"""The checks sampler, param-sync and bn-sync, run on every rank of real gloo worlds and merged."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch.distributed as dist
+
+from ddpdoctor.check import Requirements
+from ddpdoctor.result import Status
+from diag_support import load_check_module, rank_context, world_info
+from worlds import run_world
+
+sampler_mod = load_check_module("sampler")
+param_mod = load_check_module("param_sync")
+bn_mod = load_check_module("bn_sync")
+ALL = (sampler_mod.SamplerCheck, param_mod.ParamSyncCheck, bn_mod.BnSyncCheck)
+
+
+def _run_checks(rank: int, world: int, options: dict, classes=ALL) -> list:
+    ctx = rank_context(rank, world, options)
+    return [cls().run(ctx) for cls in classes]
+
+
+def _merged(results: list, world: int, options: dict, classes=ALL) -> dict:
+    return {cls.name: cls().merge([per_rank[i] for per_rank in results], world_info(world, options))
+            for i, cls in enumerate(classes)}
+
+
+def test_check_declarations():
+    assert [c.name for c in ALL] == ["sampler", "param-sync", "bn-sync"]
+    for cls in ALL:
+        assert cls.requires == Requirements(min_world_size=2, process_group=True)
+        assert cls.description and cls.requires.unmet(world_info(1)) == "needs 2 ranks, found 1"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("world", [2, 3])
+def test_builtin_model_and_dataset_pass_and_explain_the_pitfalls(world):
+    merged = _merged(run_world(_run_checks, world, {}, timeout=80), world, {})
+    for name, result in merged.items():
+        assert result.status == Status.PASS, (name, result.summary, result.outcomes)
+        assert len(result.outcomes) == world
+    n = 5 * world + 1
+    sampler = merged["sampler"]
+    assert sampler.summary.startswith(f"{n} samples over {world} ranks: shards disjoint and complete")
+    assert "set_epoch(epoch)" in sampler.summary
+    details = sampler.outcomes[0].details
+    assert any("repeats the first pass's order; after set_epoch(1) it changes" in d for d in details)
+    assert any(d.startswith("ddpdoctor.guard_sampler(sampler) warned") for d in details)
+    data = sampler.outcomes[0].data
+    assert data["padding"] == world - 1 and data["dropped"] == 1 and data["repeats_without_set_epoch"]
+
+    param = merged["param-sync"]
+    assert param.summary == ("rank-dependent init caught (4 tensors differ, e.g. param:conv1.weight); "
+                             "DDP construction synced them; in sync after 2 optimizer steps, "
+                             "gradients match")
+    # BatchNorm weights start at 1 and biases at 0 whatever the seed: only these four differ
+    assert param.outcomes[0].data["init_desync"] == ["param:conv1.weight", "param:conv2.weight",
+                                                     "param:head.weight", "param:head.bias"]
+    assert param.outcomes[0].data["unused"] == []
+
+    bn = merged["bn-sync"]
+    assert bn.summary.startswith("2 BatchNorm layers not SyncBatchNorm; running stats diverge up to")
+    assert "convert_sync_batchnorm" in bn.summary and "sync_bn_stats" in bn.summary
+    assert set(bn.outcomes[0].data["divergence"]) == {"bn1", "bn2"}
+    assert bn.outcomes[0].data["divergence_after_sync"] == 0.0
+
+
+USER_MODELS = """
+import torch
+import torch.distributed as dist
+
+class WithUnused(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 6)
+        self.norm = torch.nn.BatchNorm1d(6)
+        self.spare = torch.nn.Linear(6, 3)  # never called in forward
+    def forward(self, x):
+        return self.norm(self.fc(x))
+
+class Drifts(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 2)
+    def forward(self, x):
+        if dist.get_rank() == 1:
+            with torch.no_grad():
+                self.fc.weight.add_(1e-3)  # a rank-dependent in-place update: silent desync
+        return self.fc(x)
+
+def with_unused():
+    return WithUnused()
+
+def no_batchnorm():
+    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+
+def drifts():
+    return Drifts()
+
+def broken():
+    raise RuntimeError("checkpoint not found: /nope.pt")
+
+def breaks_on_rank_one():
+    if dist.get_rank() == 1:
+        raise FileNotFoundError("weights.pt")
+    return torch.nn.Linear(3, 3)
+
+def wider_on_rank_one():
+    return torch.nn.Linear(3, 4 if dist.get_rank() == 1 else 3)
+
+class ForwardBreaksOnRankOne(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 3)
+        self.bn = torch.nn.BatchNorm1d(3)
+    def forward(self, x):
+        if dist.get_rank() == 1:
+            raise ValueError("shape mismatch on this node")
+        return self.bn(self.fc(x))
+"""
+
+
+def _user_world(rank: int, world: int) -> dict:
+    out = {}
+    out["unused"] = _run_checks(rank, world, {"model": "diag_check_models:with_unused"},
+                                (param_mod.ParamSyncCheck, bn_mod.BnSyncCheck))
+    out["plain"] = _run_checks(rank, world, {"model": "diag_check_models:no_batchnorm",
+                                             "input_shape": "4,4"},
+                               (param_mod.ParamSyncCheck, bn_mod.BnSyncCheck))
+    out["drifts"] = _run_checks(rank, world, {"model": "diag_check_models:drifts"},
+                                (param_mod.ParamSyncCheck,))
+    out["broken"] = _run_checks(rank, world, {"model": "diag_check_models:broken"},
+                                (param_mod.ParamSyncCheck, bn_mod.BnSyncCheck))
+    out["one_rank"] = _run_checks(rank, world, {"model": "diag_check_models:breaks_on_rank_one"},
+                                  (param_mod.ParamSyncCheck, bn_mod.BnSyncCheck))
+    out["one_forward"] = _run_checks(rank, world, {"model": "diag_check_models:ForwardBreaksOnRankOne"},
+                                     (param_mod.ParamSyncCheck, bn_mod.BnSyncCheck))
+    out["wider"] = _run_checks(rank, world, {"model": "diag_check_models:wider_on_rank_one"},
+                               (param_mod.ParamSyncCheck,))
+    out["bad_shape"] = _run_checks(rank, world, {"model": "diag_check_models:no_batchnorm",
+                                                 "input_shape": "4,x"}, (param_mod.ParamSyncCheck,))
+
+    # A sampler built with a rank-dependent seed: the sampler check must fail and say why.
+    real = sampler_mod.DistributedSampler
+
+    class SeededByRank(real):
+        def __init__(self, *args, **kwargs):
+            kwargs["seed"] = kwargs.get("seed", 0) + rank
+            super().__init__(*args, **kwargs)
+
+    sampler_mod.DistributedSampler = SeededByRank
+    try:
+        out["sampler"] = _run_checks(rank, world, {}, (sampler_mod.SamplerCheck,))
+    finally:
+        sampler_mod.DistributedSampler = real
+    return out
+
+
+@pytest.mark.timeout(90)
+def test_user_models_and_broken_setups_are_caught_and_named(tmp_path, monkeypatch):
+    (tmp_path / "diag_check_models.py").write_text(textwrap.dedent(USER_MODELS))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    results = run_world(_user_world, 2, timeout=80)
+
+    def merged(key, classes):
+        return _merged([r[key] for r in results], 2, {}, classes)
+
+    got = merged("unused", (param_mod.ParamSyncCheck, bn_mod.BnSyncCheck))
+    param = got["param-sync"]
+    assert param.status == Status.WARN and param.finding == "unused-parameters"
+    assert param.summary == "2 parameters get no gradient: spare.weight, spare.bias"
+    assert "find_unused_parameters=True" in param.hint and "prior iteration" in param.hint
+    bn = got["bn-sync"]
+    assert bn.status == Status.WARN and bn.finding == "bn-stats-diverge"
+    assert "1 BatchNorm layer not SyncBatchNorm" in bn.summary and "(norm)" in bn.summary
+    assert bn.hint.startswith("Convert with torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)")
+
+    got = merged("plain", (param_mod.ParamSyncCheck, bn_mod.BnSyncCheck))
+    assert got["param-sync"].status == Status.PASS, got["param-sync"].summary
+    assert got["bn-sync"].status == Status.SKIP
+    assert "has no BatchNorm layers" in got["bn-sync"].summary
+
+    drift = merged("drifts", (param_mod.ParamSyncCheck,))["param-sync"]
+    assert drift.status == Status.FAIL and drift.finding == "param-desync-after-step", drift.summary
+    assert "param:fc.weight" in drift.summary and drift.hint
+
+    got = merged("broken", (param_mod.ParamSyncCheck, bn_mod.BnSyncCheck))
+    for result in got.values():
+        assert result.status == Status.FAIL and result.finding == "model-factory-failed"
+        assert "RuntimeError: checkpoint not found: /nope.pt" in result.summary
+        assert "Traceback" not in result.summary and result.hint
+    for key, rank_one in (("one_rank", "model-factory-failed"), ("one_forward", "model-forward-failed")):
+        for i in range(2):
+            finding_0, finding_1 = results[0][key][i].finding, results[1][key][i].finding
+            assert (finding_0, finding_1) == ("model-failed-on-other-rank", rank_one), (key, i)
+        assert "rank 1 could not" in results[0][key][0].summary
+    assert "FileNotFoundError: weights.pt" in results[1]["one_rank"][0].summary
+    assert "ValueError: shape mismatch on this node" in results[1]["one_forward"][1].summary
+    wider = merged("wider", (param_mod.ParamSyncCheck,))["param-sync"]
+    assert wider.status == Status.FAIL and wider.finding == "model-structure-differs"
+    assert wider.summary.endswith("param:weight, param:bias")
+    shape = merged("bad_shape", (param_mod.ParamSyncCheck,))["param-sync"]
+    assert shape.finding == "bad-input-shape" and "'4,x'" in shape.summary
+
+    sampler = merged("sampler", (sampler_mod.SamplerCheck,))["sampler"]
+    assert sampler.status == Status.FAIL and sampler.finding == "sampler-seed-mismatch", sampler.summary
+    assert sampler.summary.startswith("ranks shuffle with different seeds (rank 0: 0, rank 1: 1)")
+    assert sampler.hint == "pass the same seed to DistributedSampler on every rank"
+
+
+def _lazy_world(rank: int, world: int, store_path: str) -> tuple:
+    store = dist.FileStore(store_path, world)
+    ctx = rank_context(rank, world, {}, store=store)
+    outcome = sampler_mod.SamplerCheck().run(ctx)
+    return outcome, dist.is_initialized(), ctx.pg_init_seconds is not None
+
+
+@pytest.mark.timeout(60)
+def test_checks_initialize_the_process_group_lazily(tmp_path):
+    results = run_world(_lazy_world, 2, str(tmp_path / "store"), backend=None, timeout=50)
+    for outcome, initialized, timed in results:
+        assert outcome.status == Status.PASS and initialized and timed
