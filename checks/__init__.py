@@ -6,10 +6,13 @@ Installed as ``ddpdoctor.checks``. Add a check by writing a module with a
 
 from __future__ import annotations
 
+from .bn_sync import BnSyncCheck
 from .env import EnvCheck
+from .param_sync import ParamSyncCheck
 from .port import PortCheck
 from .process_group import ProcessGroupCheck
+from .sampler import SamplerCheck
 
-__all__ = ["ALL", "EnvCheck", "PortCheck", "ProcessGroupCheck"]
+__all__ = ["ALL", "BnSyncCheck", "EnvCheck", "ParamSyncCheck", "PortCheck", "ProcessGroupCheck", "SamplerCheck"]
 
-ALL = (EnvCheck, PortCheck, ProcessGroupCheck)
+ALL = (EnvCheck, PortCheck, ProcessGroupCheck, SamplerCheck, ParamSyncCheck, BnSyncCheck)

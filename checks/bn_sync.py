@@ -9,10 +9,9 @@ demonstration (PASS); on the user's model (``--model``) diverging layers are a W
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import torch
-import torch._dynamo  # noqa: F401 - DDP imports it at construction (~2 s): pay it before ranks fork
 from torch.nn.parallel import DistributedDataParallel
 
 from ddpdoctor.batchnorm import batchnorm_layers, bn_divergence, sync_bn_stats
@@ -36,6 +35,11 @@ class BnSyncCheck(Check):
     name = "bn-sync"
     description = "BatchNorm running statistics diverge across ranks; sync_bn_stats equalizes them"
     requires = Requirements(min_world_size=2, process_group=True)
+    slow = True  # DDP construction imports torch._dynamo (~2 s), paid once in prepare()
+
+    @classmethod
+    def prepare(cls, options: Mapping[str, Any]) -> None:
+        import torch._dynamo  # noqa: F401 - imported before ranks fork, so every rank inherits it
 
     def run(self, ctx: RankContext) -> Outcome:
         ctx.process_group()

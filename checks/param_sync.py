@@ -9,10 +9,9 @@ DDP's "Expected to have finished reduction in the prior iteration" error.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import torch
-import torch._dynamo  # noqa: F401 - DDP imports it at construction (~2 s): pay it before ranks fork
 from torch.nn.parallel import DistributedDataParallel
 
 from ddpdoctor.check import Check, RankContext, Requirements
@@ -47,6 +46,11 @@ class ParamSyncCheck(Check):
     name = "param-sync"
     description = "parameters and gradients identical on every rank; unused parameters named"
     requires = Requirements(min_world_size=2, process_group=True)
+    slow = True  # DDP construction imports torch._dynamo (~2 s), paid once in prepare()
+
+    @classmethod
+    def prepare(cls, options: Mapping[str, Any]) -> None:
+        import torch._dynamo  # noqa: F401 - imported before ranks fork, so every rank inherits it
 
     def run(self, ctx: RankContext) -> Outcome:
         ctx.process_group()

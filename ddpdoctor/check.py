@@ -208,6 +208,11 @@ class Check:
     slow: ClassVar[bool] = False
     runs_in: ClassVar[str] = "rank"
 
+    @classmethod
+    def prepare(cls, options: Mapping[str, Any]) -> None:
+        """Called once in the supervising process before the ranks fork: import heavy modules here
+        so every rank inherits them instead of paying for them. Must not initialize CUDA."""
+
     def run(self, ctx: RankContext) -> Outcome:
         """Run on one rank and say what was found. Exceptions become CRASH outcomes."""
         raise NotImplementedError

@@ -73,12 +73,16 @@ def cli() -> None:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also write the report as JSON (schema 1) to this path.")
 @click.option("--strict", is_flag=True, help="Warnings fail the run (exit 1).")
+@click.option("--model", metavar="PKG.MODULE:FACTORY", default=None,
+              help="Run param-sync and bn-sync on your model: a zero-argument callable returning an nn.Module.")
+@click.option("--input-shape", metavar="N,C,H,W", default=None,
+              help="Batch shape to feed --model [default: guessed from its first layer].")
 @click.option("--local", "mode", flag_value="local", help="Spawn a local world even under a launcher.")
 @click.option("--join", "mode", flag_value="join", help="Join the launcher's world (the default under one).")
 @click.option("-v", "--verbose", is_flag=True, help="Show details and every rank's outcome.")
 def check(nproc: Optional[int], backend: Optional[str], master_addr: str, master_port: int, only: tuple,
-          skip: tuple, timeout: float, json_path: Optional[str], strict: bool, mode: Optional[str],
-          verbose: bool) -> int:
+          skip: tuple, timeout: float, json_path: Optional[str], strict: bool, model: Optional[str],
+          input_shape: Optional[str], mode: Optional[str], verbose: bool) -> int:
     """Run the checks on a local world, or join the world torchrun/srun/mpirun started."""
     from .registry import all_checks
     from .report import Style, TerminalProgress, footer
@@ -86,7 +90,8 @@ def check(nproc: Optional[int], backend: Optional[str], master_addr: str, master
 
     _quiet_logs()
     opts = RunOptions(nproc=nproc, backend=backend, master_addr=master_addr, master_port=master_port,
-                      only=only, skip=skip, timeout=timeout, mode=mode or "auto", strict=strict)
+                      only=only, skip=skip, timeout=timeout, mode=mode or "auto", strict=strict,
+                      options={"model": model, "input_shape": input_shape})
     out = sys.stdout
     style = Style.for_stream(out)
     progress = TerminalProgress(out, style, verbose, [c.name for c in all_checks()])

@@ -129,12 +129,25 @@ def run_checks(opts: RunOptions, progress: Optional[Progress] = None) -> RunOutc
                          "OMPI_COMM_WORLD_RANK)", "start ddpdoctor under torchrun, srun or mpirun")
     import torch.distributed  # noqa: F401 - import before forking so workers start instantly
 
+    _validate_options(opts.options)
+    for check in checks:
+        type(check).prepare(opts.options)
     progress = progress or Progress()
     if joined:
         from .joined import run_joined
 
         return run_joined(opts, info, checks, progress)
     return _run_local(opts, checks, progress)
+
+
+def _validate_options(options: dict) -> None:
+    """Check options that name user code, before any rank starts (one line and exit 2 if wrong)."""
+    from .model_factory import load_factory, parse_input_shape
+
+    if options.get("input_shape") is not None:
+        options["input_shape"] = parse_input_shape(options["input_shape"])
+    if options.get("model"):
+        load_factory(options["model"])  # imports the module, finds the callable; builds nothing
 
 
 def _run_local(opts: RunOptions, checks: Sequence[Check], progress: Progress) -> RunOutcome:

@@ -11,13 +11,13 @@ import torch._dynamo  # noqa: F401 - DDP imports it on first use; once here, not
 
 from worlds import run_world
 
-SNIPPET = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                       "docs-snippets", "README-diagnostics.md")
+SNIPPET = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
 
 
 def _example() -> str:
     with open(SNIPPET) as f:
-        blocks = re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
+        section = f.read().split("## Training pitfalls", 1)[1].split("\n## ", 1)[0]
+        blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     assert len(blocks) == 1
     return blocks[0]
 
