@@ -9,6 +9,7 @@ padded to the largest and trimmed afterwards, which works on gloo as well as NCC
 from __future__ import annotations
 
 import logging
+import math
 import pickle
 import zlib
 from typing import Any, Mapping, Optional, Sequence, Union
@@ -34,11 +35,16 @@ logger = logging.getLogger(__name__)
 
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16,
            torch.int32, torch.int64, torch.uint8, torch.bool)
-# gloo has no bool or bfloat16 collectives: move the same bits as an integer type of equal size.
-_WIRE = {torch.bool: torch.uint8, torch.bfloat16: torch.float16, torch.int16: torch.float16}
 _MAX_NDIM = 8
 _FLAG, _NDIM, _DTYPE, _DST, _SHAPE = 0, 1, 2, 3, 4
 _META_LEN = _SHAPE + _MAX_NDIM
+_META_BYTES = _META_LEN * 8
+# Up to this many bytes in all (split over the ranks) ride along with the metadata, so a small
+# gather costs one collective; data travels as bytes, so gloo's missing bool/bfloat16 support is moot.
+_EAGER_BUDGET, _EAGER_MIN = 128 * 1024, 4096
+# Where copies cost as much as the network (CPU), the rest of a large gather goes by one broadcast per
+# rank into its place in the output; elsewhere (NCCL) by a padded all-gather.
+_BROADCAST_BACKENDS = ("gloo",)
 
 
 # torch 2.13 renamed all_gather_into_tensor (and warns on the old name); older versions lack the new one.
@@ -53,15 +59,15 @@ def _mismatch(what: str, message: str, hint: str) -> CollectiveMismatchError:
     return CollectiveMismatchError("collective-mismatch", f"{what}: {message}", hint)
 
 
-def _meta(tensor: Optional[torch.Tensor], dst: Optional[int], failed: bool) -> torch.Tensor:
-    meta = torch.full((_META_LEN,), -1, dtype=torch.int64)
+def _meta(tensor: Optional[torch.Tensor], dst: Optional[int], failed: bool) -> list[int]:
+    meta = [-1] * _META_LEN
     meta[_FLAG] = int(failed)
     meta[_DST] = -1 if dst is None else dst
     if tensor is not None:
         meta[_NDIM] = tensor.ndim
         meta[_DTYPE] = _DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES else -1
         if tensor.ndim <= _MAX_NDIM:
-            meta[_SHAPE:_SHAPE + tensor.ndim] = torch.tensor(tensor.shape, dtype=torch.int64)
+            meta[_SHAPE:_SHAPE + tensor.ndim] = tensor.shape
     return meta
 
 
@@ -70,13 +76,47 @@ def _describe(row: Sequence[int]) -> str:
     return f"{dtype}{list(row[_SHAPE:_SHAPE + row[_NDIM]])}"
 
 
-def _exchange_meta(tensor: Optional[torch.Tensor], what: str, dst: Optional[int] = None,
-                   failed: bool = False, same_shape: bool = False) -> list[list[int]]:
-    """All-gather every rank's metadata and raise the same error on every rank when they disagree."""
+def _exchange(tensor: Optional[torch.Tensor], what: str, dst: Optional[int] = None, failed: bool = False,
+              same_shape: bool = False, capacity: int = 0) -> tuple[list[list[int]], torch.Tensor]:
+    """All-gather every rank's metadata plus up to ``capacity`` bytes of its data, in one collective.
+
+    Raises the same error on every rank when the metadata disagree. Returns the metadata rows and
+    the gathered table (one row of bytes per rank: metadata, then the eager payload).
+    """
     world, device = get_world_size(), rank_device()
-    out = torch.empty(world * _META_LEN, dtype=torch.int64, device=device)
-    _all_gather_single(out, _meta(tensor, dst, failed).to(device))
-    rows = out.view(world, _META_LEN).tolist()
+    buf = _scratch("send", _META_BYTES + capacity, device)
+    meta = torch.tensor(_meta(tensor, dst, failed), dtype=torch.int64)
+    if capacity and tensor is not None and not failed:
+        payload = _as_bytes(tensor, device)
+        k = min(capacity, payload.numel())
+        buf[_META_BYTES:_META_BYTES + k] = payload[:k]
+    buf[:_META_BYTES] = meta.view(torch.uint8)
+    table = _scratch("receive", world * buf.numel(), device)
+    _all_gather_single(table, buf)
+    table = table.view(world, -1)
+    rows = table.view(torch.int64)[:, :_META_LEN].tolist()  # capacity is a multiple of 8
+    _check(rows, what, same_shape)
+    return rows, table
+
+
+_scratch_buffers: dict[tuple[str, int, torch.device], torch.Tensor] = {}
+
+
+def _scratch(role: str, numel: int, device: torch.device) -> torch.Tensor:
+    """A reused byte buffer for the eager exchange (fresh allocations cost more than a small collective).
+
+    Results never alias these buffers: whatever leaves this module is copied out first.
+    """
+    key = (role, numel, device)
+    buf = _scratch_buffers.get(key)
+    if buf is None:
+        if len(_scratch_buffers) > 8:
+            _scratch_buffers.clear()
+        buf = _scratch_buffers[key] = torch.empty(numel, dtype=torch.uint8, device=device)
+    return buf
+
+
+def _check(rows: list[list[int]], what: str, same_shape: bool) -> None:
     bad = [r for r, row in enumerate(rows) if row[_FLAG]]
     if bad:
         raise _mismatch(what, f"rank(s) {bad} failed before the collective (see their tracebacks)",
@@ -85,7 +125,7 @@ def _exchange_meta(tensor: Optional[torch.Tensor], what: str, dst: Optional[int]
         raise _mismatch(what, "ranks passed different dst: " + ", ".join(
             f"rank {r}: {None if row[_DST] < 0 else row[_DST]}" for r, row in enumerate(rows)),
             "pass the same dst on every rank")
-    shapes = ", ".join(f"rank {r}: {_describe(row)}" for r, row in enumerate(rows))
+    shapes = _Shapes(rows)
     for r, row in enumerate(rows):
         if row[_DTYPE] < 0 or row[_NDIM] > _MAX_NDIM:
             raise _mismatch(what, f"rank {r} passed an unsupported tensor ({shapes})",
@@ -99,35 +139,79 @@ def _exchange_meta(tensor: Optional[torch.Tensor], what: str, dst: Optional[int]
         which = "shape" if same_shape else "shape beyond dim 0"
         raise _mismatch(what, f"ranks disagree on {which} ({shapes})",
                         f"pass tensors of the same {which} on every rank")
-    return rows
 
 
-def _gather_parts(tensor: torch.Tensor, what: str, dst: Optional[int] = None,
-                  failed: bool = False) -> Optional[list[torch.Tensor]]:
-    """Every rank's tensor (on this rank's collective device), or None on ranks other than ``dst``."""
-    rows = _exchange_meta(tensor, what, dst, failed)
+class _Shapes:
+    """Every rank's dtype and shape, formatted only when an error needs them."""
+
+    def __init__(self, rows: list[list[int]]) -> None:
+        self.rows = rows
+
+    def __str__(self) -> str:
+        return ", ".join(f"rank {r}: {_describe(row)}" for r, row in enumerate(self.rows))
+
+
+
+def _as_bytes(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return tensor.detach().to(device).contiguous().view(-1).view(torch.uint8)
+
+
+def _eager_capacity(world: int) -> int:
+    """Bytes per rank that travel with the metadata: small gathers then take one collective."""
+    return max(_EAGER_MIN, _EAGER_BUDGET // world // 8 * 8)
+
+
+def _gather_bytes(tensor: torch.Tensor, what: str, dst: Optional[int] = None,
+                  failed: bool = False) -> tuple[list[int], Optional[torch.Tensor]]:
+    """Every rank's rows of ``tensor`` back to back, as bytes, with each rank's row count.
+
+    Metadata and the first bytes of every rank travel in one all-gather; when some rank has more,
+    the rest follows (gloo: one broadcast per rank straight into the output, so neither padding
+    nor compaction; other backends: a padded all-gather or gather). Returns (rows per rank, bytes),
+    the bytes being None on ranks other than ``dst``.
+    """
     world, rank, device = get_world_size(), get_rank(), rank_device()
+    cap = _eager_capacity(world)
+    rows, table = _exchange(tensor, what, dst, failed, capacity=cap)
     sizes = [row[_SHAPE] for row in rows]
-    most = max(sizes)
-    wire = _WIRE.get(tensor.dtype, tensor.dtype)
-    local = tensor.detach().to(device).contiguous().view(wire)
-    trailing = tuple(local.shape[1:])
-    if most == 0:
-        return None if dst is not None and rank != dst else [local.view(tensor.dtype)] * world
-    if local.shape[0] < most:
-        padded = torch.zeros((most,) + trailing, dtype=wire, device=device)
-        padded[: local.shape[0]] = local
-        local = padded
+    row_bytes = tensor.element_size() * math.prod(rows[0][_SHAPE + 1:_SHAPE + rows[0][_NDIM]])
+    lengths = [n * row_bytes for n in sizes]
+    offsets = [sum(lengths[:r]) for r in range(world)]
+    receives = dst is None or rank == dst
+    out = torch.empty(sum(lengths), dtype=torch.uint8, device=device) if receives else None
+    if out is not None:
+        for r in range(world):
+            k = min(cap, lengths[r])
+            out[offsets[r]:offsets[r] + k] = table[r, _META_BYTES:_META_BYTES + k]
+    if max(lengths) > cap:
+        rest = _as_bytes(tensor, device)[cap:]
+        if dst is None and dist.get_backend() in _BROADCAST_BACKENDS:
+            if rest.numel():
+                out[offsets[rank] + cap:offsets[rank] + lengths[rank]] = rest
+            for r in range(world):  # one at a time: concurrent gloo ops can deadlock on its worker threads
+                if lengths[r] > cap:
+                    dist.broadcast(out[offsets[r] + cap:offsets[r] + lengths[r]], src=r)
+        else:
+            _padded_rest(rest, out, lengths, offsets, cap, dst)
+    return sizes, out
+
+
+def _padded_rest(rest: torch.Tensor, out: Optional[torch.Tensor], lengths: list[int], offsets: list[int],
+                 cap: int, dst: Optional[int]) -> None:
+    """The bytes beyond the eager part, padded to the longest and all-gathered (or gathered to dst)."""
+    world, device = len(lengths), rest.device
+    most = max(lengths) - cap
+    mine = torch.empty(most, dtype=torch.uint8, device=device)
+    mine[:rest.numel()] = rest
+    buf = torch.empty(world * most, dtype=torch.uint8, device=device) if out is not None else None
     if dst is None:
-        out = torch.empty((world * most,) + trailing, dtype=wire, device=device)
-        _all_gather_single(out, local)
+        _all_gather_single(buf, mine)
     else:
-        out = torch.empty((world * most,) + trailing, dtype=wire, device=device) if rank == dst else None
-        dist.gather(local, list(out.chunk(world)) if out is not None else None, dst=dst)
-        if out is None:
-            return None
-    out = out.view(tensor.dtype)
-    return [out[r * most: r * most + sizes[r]] for r in range(world)]
+        dist.gather(mine, list(buf.chunk(world)) if buf is not None else None, dst=dst)
+    if out is not None:
+        for r in range(world):
+            if lengths[r] > cap:
+                out[offsets[r] + cap:offsets[r] + lengths[r]] = buf[r * most:r * most + lengths[r] - cap]
 
 
 def gather(tensor: torch.Tensor, *, dst: Optional[int] = None) -> Optional[torch.Tensor]:
@@ -156,16 +240,10 @@ def gather(tensor: torch.Tensor, *, dst: Optional[int] = None) -> Optional[torch
         tensor = tensor.reshape(1)
     if not require_process_group("gather()"):
         return tensor.detach().clone()
-    parts = _gather_parts(tensor, "gather()", dst)
-    if parts is None:
+    sizes, out = _gather_bytes(tensor, "gather()", dst)
+    if out is None:
         return None
-    if all(p.shape[0] == parts[0].shape[0] for p in parts) and parts[0].numel() > 0:
-        # No padding: the parts are back-to-back views of one buffer, so skip the copy.
-        base = parts[0]
-        whole = torch.as_strided(base, (base.shape[0] * len(parts),) + tuple(base.shape[1:]), base.stride())
-    else:
-        whole = torch.cat(parts)
-    return whole.to(tensor.device)
+    return out.view(tensor.dtype).view((sum(sizes),) + tuple(tensor.shape[1:])).to(tensor.device)
 
 
 #: detectron2's and accelerate's name for the all-ranks form.
@@ -188,14 +266,15 @@ def gather_object(obj: Any) -> list[Any]:
     except Exception as exc:  # noqa: BLE001 - tell the other ranks before raising
         payload, failed = torch.empty(0, dtype=torch.uint8), exc
     try:
-        parts = _gather_parts(payload, "gather_object()", failed=failed is not None)
+        sizes, out = _gather_bytes(payload, "gather_object()", failed=failed is not None)
     except CollectiveMismatchError:
         if failed is not None:
             raise TypeError(f"gather_object(): this rank's {type(obj).__name__} cannot be pickled: {failed}; "
                             "pass picklable values") from failed
         raise
-    assert parts is not None
-    return [pickle.loads(p.cpu().numpy().tobytes()) for p in parts]
+    data = out.cpu().numpy().tobytes()
+    offsets = [sum(sizes[:r]) for r in range(len(sizes) + 1)]
+    return [pickle.loads(data[offsets[r]:offsets[r + 1]]) for r in range(len(sizes))]
 
 
 def collect_results(results: Sequence[Any], size: int) -> list[Any]:
@@ -343,7 +422,7 @@ def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
     dtype = tensor.dtype if tensor.is_floating_point() else torch.get_default_dtype()
     if not require_process_group("all_reduce_mean()"):
         return tensor.detach().to(dtype, copy=True)
-    _exchange_meta(tensor, "all_reduce_mean()", same_shape=True)
+    _exchange(tensor, "all_reduce_mean()", same_shape=True)
     work = tensor.detach().to(rank_device(), dtype, copy=True)
     dist.all_reduce(work)
     work /= get_world_size()

@@ -82,14 +82,14 @@ def _order(rank, world, tmp, local):
 
 @pytest.mark.timeout(60)
 def test_zero_first_runs_rank_zero_first_then_the_others(tmp_path):
-    stamps = run_world(_order, 3, str(tmp_path), False)[0]
+    stamps = run_world(_order, 3, str(tmp_path), False, timeout=30)[0]
     for r in (1, 2):
         assert stamps[r]["start"] >= stamps[0]["end"], stamps
 
 
 @pytest.mark.timeout(60)
 def test_zero_first_local_lets_each_node_go_first(tmp_path):
-    stamps = run_world(_order, 4, str(tmp_path), True)[0]
+    stamps = run_world(_order, 4, str(tmp_path), True, timeout=30)[0]
     assert stamps[1]["start"] >= stamps[0]["end"], stamps
     assert stamps[3]["start"] >= stamps[2]["end"], stamps
     # The nodes do not wait for each other: node 1's first rank starts before node 0's finishes.
@@ -112,7 +112,7 @@ def _first_raises(rank, world, tmp):
 
 @pytest.mark.timeout(60)
 def test_an_exception_in_the_first_block_reaches_every_rank_within_seconds(tmp_path):
-    results = run_world(_first_raises, 3, str(tmp_path))
+    results = run_world(_first_raises, 3, str(tmp_path), timeout=30)
     assert results[0][:3] == ("ValueError", "download failed: HTTP 503", True)
     for r in (1, 2):
         kind, message, ran, waited = results[r]
@@ -144,7 +144,7 @@ def _coordination(rank, world):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("world", [2, 3])
 def test_rank_zero_only_print0_broadcast_and_seeds(world):
-    results = run_world(_coordination, world)
+    results = run_world(_coordination, world, timeout=30)
     for r, out in enumerate(results):
         assert out == {
             "zero": 2 if r == 0 else None,
@@ -169,7 +169,7 @@ def _late_rank(rank, world):
 
 @pytest.mark.timeout(60)
 def test_barrier_timeout_raises_on_the_ranks_that_arrived():
-    results = run_world(_late_rank, 3)
+    results = run_world(_late_rank, 3, timeout=30)
     assert results == ["only 2 of 3 ranks reached barrier() within 0.5s (rank 0 did)",
                        "only 2 of 3 ranks reached barrier() within 0.5s (rank 1 did)", "did not come"]
 
@@ -187,7 +187,7 @@ def _not_initialized(rank, world):
 
 @pytest.mark.timeout(60)
 def test_launched_without_process_group_fails_loudly_instead_of_pretending():
-    results = run_world(_not_initialized, 2, backend=None)
+    results = run_world(_not_initialized, 2, backend=None, timeout=30)
     for messages in results:
         assert len(messages) == 4
         assert messages[0] == ("error[no-process-group]: barrier() needs the other 1 ranks (WORLD_SIZE=2) but no "

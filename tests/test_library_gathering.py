@@ -52,7 +52,7 @@ def _gathers(rank, world):
 def test_gather_uneven_and_empty_shards(world):
     sizes = _SIZES[world]
     expected = torch.cat([_rows(r, sizes[r]) for r in range(world)])
-    results = run_world(_gathers, world)
+    results = run_world(_gathers, world, timeout=30)
     for rank, out in enumerate(results):
         assert torch.equal(out["all"], expected)
         assert out["all"].dtype == torch.float32 and out["all"].shape == (sum(sizes), 2)
@@ -112,7 +112,7 @@ def _mismatches(rank, world):
 
 @pytest.mark.timeout(60)
 def test_mismatches_raise_the_same_clear_error_on_every_rank():
-    results = run_world(_mismatches, 3)
+    results = run_world(_mismatches, 3, timeout=30)
     for rank, caught in enumerate(results):
         assert caught[0] == ("CollectiveMismatchError: gather(): ranks disagree on ndim or dtype "
                              "(rank 0: float32[2, 3], rank 1: float32[2], rank 2: float32[2, 3])")
@@ -133,6 +133,30 @@ def test_mismatches_raise_the_same_clear_error_on_every_rank():
         assert caught[7] == [0, 1, 2]
 
 
+def _large(rank, world, broadcast):
+    import ddpdoctor.gathering as gathering
+
+    if not broadcast:
+        gathering._BROADCAST_BACKENDS = ()
+    sizes = [3000, 0, 1500, 20]  # 64-byte rows: ranks 0 and 2 exceed the eager part, 1 and 3 do not
+    mine = _rows(rank, sizes[rank]).repeat(1, 8)
+    blob = b"x" * (100_000 * rank)
+    return gather(mine), gather(mine, dst=2), [len(b) for b in gather_object(blob)]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("broadcast", [True, False], ids=["broadcast-rest", "padded-rest"])
+def test_gather_of_shards_larger_than_the_eager_part(broadcast):
+    sizes = [3000, 0, 1500, 20]
+    expected = torch.cat([_rows(r, n).repeat(1, 8) for r, n in enumerate(sizes)])
+    assert expected.element_size() * 16 * 1500 > 128 * 1024 // 4  # beyond the eager part of a world of 4
+    results = run_world(_large, 4, broadcast, timeout=20)
+    for rank, (whole, to_two, blobs) in enumerate(results):
+        assert torch.equal(whole, expected)
+        assert torch.equal(to_two, expected) if rank == 2 else to_two is None
+        assert blobs == [0, 100_000, 200_000, 300_000]
+
+
 # --- reduce_dict / all_reduce_mean -----------------------------------------------------------------
 
 def _reductions(rank, world):
@@ -143,7 +167,7 @@ def _reductions(rank, world):
 
 @pytest.mark.timeout(60)
 def test_reduce_dict_and_all_reduce_mean_are_valid_on_every_rank():
-    results = run_world(_reductions, 3)
+    results = run_world(_reductions, 3, timeout=30)
     for avg, total, mean in results:
         assert avg.keys() == {"loss", "count", "vec", "half"}
         assert torch.equal(avg["loss"], torch.tensor(2.0))
@@ -193,7 +217,7 @@ def _single_process(n, covered):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("world", [2, 3])
 def test_gather_for_metrics_equals_a_single_process_evaluation(world):
-    results = run_world(_metrics, world)
+    results = run_world(_metrics, world, timeout=30)
     for n, shuffle, drop_last in itertools.product(_LENGTHS, (False, True), (False, True)):
         if drop_last:  # the sampler never yields the dataset's tail; which samples depends on the shuffle
             covered = _covered(n, world, shuffle)
@@ -251,8 +275,8 @@ def _drop_last_warning(rank, world):
 
 @pytest.mark.timeout(60)
 def test_gather_for_metrics_reports_wrong_lengths_on_every_rank_and_warns_about_drop_last():
-    assert run_world(_short_values, 2) == [
+    assert run_world(_short_values, 2, timeout=30) == [
         "gather_for_metrics(): rank 1 has 3 results but its sampler yielded 4 indices"] * 2
-    assert run_world(_drop_last_warning, 2) == [
+    assert run_world(_drop_last_warning, 2, timeout=30) == [
         ["gather_for_metrics: the sampler never yielded 1 of 7 samples (drop_last=True?); evaluate with "
          "DistributedSampler(drop_last=False), the padding is removed here"], []]

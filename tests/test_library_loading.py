@@ -56,4 +56,4 @@ def _load_everywhere(rank, world, path):
 def test_every_rank_loads_to_its_cpu(tmp_path):
     path = tmp_path / "ckpt.pt"
     torch.save({"w": torch.tensor([1.5, 2.5])}, path)
-    assert run_world(_load_everywhere, 2, str(path)) == [("cpu", [1.5, 2.5])] * 2
+    assert run_world(_load_everywhere, 2, str(path), timeout=30) == [("cpu", [1.5, 2.5])] * 2

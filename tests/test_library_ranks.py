@@ -119,7 +119,7 @@ def _world_ranks(rank, world):
 
 @pytest.mark.timeout(60)
 def test_ranks_come_from_the_process_group_in_a_gloo_world():
-    results = run_world(_world_ranks, 3)
+    results = run_world(_world_ranks, 3, timeout=30)
     assert results == [(r, 3, r, True, r == 0, "process_group", "gloo", ()) for r in range(3)]
 
 
@@ -130,7 +130,7 @@ def _stale_env(rank, world):
 
 @pytest.mark.timeout(60)
 def test_process_group_wins_over_a_stale_rank_variable_and_says_so():
-    results = run_world(_stale_env, 2, env={"RANK": "0"})
+    results = run_world(_stale_env, 2, env={"RANK": "0"}, timeout=30)
     assert results[0] == (0, ())
     rank, lines = results[1]
     assert rank == 1
@@ -143,7 +143,7 @@ def _before_init(rank, world):
 
 @pytest.mark.timeout(60)
 def test_ranks_are_known_before_init_process_group():
-    results = run_world(_before_init, 2, backend=None)
+    results = run_world(_before_init, 2, backend=None, timeout=30)
     assert results == [((r, 2, r, 2, 0), True, False) for r in range(2)]
 
 

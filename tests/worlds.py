@@ -35,6 +35,11 @@ def _child(rank: int, world_size: int, fn: Callable[..., Any], args: tuple, stor
         stack_file = open(stack_path, "w")
         faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # A forked child inherits the parent's OpenMP thread pool in a broken state: once the parent
+        # has run a parallel op, the child's first one hangs. One intra-op thread per rank avoids it.
+        import torch
+
+        torch.set_num_threads(1)
         if backend:
             import torch.distributed as dist
 
