@@ -13,7 +13,6 @@ import contextlib
 import functools
 import itertools
 import logging
-import os
 import random
 import time
 from typing import Any, Callable, Iterator, Optional, TypeVar
@@ -235,7 +234,6 @@ def seed_everything(seed: int, *, per_rank: bool = False) -> int:
     else:
         np.random.seed(used)
     torch.manual_seed(used)  # also seeds CUDA lazily, without initializing it
-    os.environ["DDPDOCTOR_SEED"] = str(used)
     logger.debug("seeded random, numpy and torch with %s on rank %s", used, get_rank())
     return used
 

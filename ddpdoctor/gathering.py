@@ -401,7 +401,7 @@ def reduce_dict(d: Mapping[Any, Any], average: bool = True) -> dict[Any, Any]:
 def _raise_key_mismatch(d: Mapping[Any, Any], keys: list[Any]) -> None:
     everyone = gather_object({repr(k): torch.as_tensor(d[k]).numel() for k in keys})
     union = sorted(set().union(*everyone))
-    lines = [f"rank {r} lacks {sorted(set(union) - set(mine))}" for r, mine in enumerate(everyone)
+    lines = [f"rank {r} lacks {', '.join(sorted(set(union) - set(mine)))}" for r, mine in enumerate(everyone)
              if set(mine) != set(union)]
     if not lines:
         lines = [f"key {k} has sizes {[mine[k] for mine in everyone]}" for k in union

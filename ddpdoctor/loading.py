@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Union
 
 import torch
 

@@ -127,7 +127,7 @@ def test_mismatches_raise_the_same_clear_error_on_every_rank():
             assert caught[4] == ("CollectiveMismatchError: gather_object(): rank(s) [1] failed before the "
                                  "collective (see their tracebacks)")
         assert caught[5] == ("CollectiveMismatchError: reduce_dict(): ranks passed different keys or sizes: "
-                             "rank 2 lacks [\"'acc'\"]")
+                             "rank 2 lacks 'acc'")
         assert caught[6] == ("CollectiveMismatchError: all_reduce_mean(): ranks disagree on shape "
                              "(rank 0: float32[2], rank 1: float32[3], rank 2: float32[4])")
         assert caught[7] == [0, 1, 2]
