@@ -46,6 +46,9 @@ def _child(rank: int, world_size: int, fn: Callable[..., Any], args: tuple, stor
             store = dist.FileStore(store_path, world_size)
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                     timeout=datetime.timedelta(seconds=60))
+            # gloo may still be connecting its full mesh when init returns: a rank whose fn returns
+            # at once would exit and break its peers' connections ("Connection closed by peer").
+            dist.barrier()
         try:
             payload = ("ok", fn(rank, world_size, *args))
         except BaseException as exc:  # noqa: BLE001 - every failure goes back to the test
