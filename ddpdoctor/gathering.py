@@ -39,6 +39,7 @@ _MAX_NDIM = 8
 _FLAG, _NDIM, _DTYPE, _DST, _SHAPE = 0, 1, 2, 3, 4
 _META_LEN = _SHAPE + _MAX_NDIM
 _META_BYTES = _META_LEN * 8
+_BAD_DST = -2
 # Up to this many bytes in all (split over the ranks) ride along with the metadata, so a small
 # gather costs one collective; data travels as bytes, so gloo's missing bool/bfloat16 support is moot.
 _EAGER_BUDGET, _EAGER_MIN = 128 * 1024, 4096
@@ -121,6 +122,10 @@ def _check(rows: list[list[int]], what: str, same_shape: bool) -> None:
     if bad:
         raise _mismatch(what, f"rank(s) {bad} failed before the collective (see their tracebacks)",
                         "fix the error on those ranks; the others stopped instead of waiting for them")
+    bad_dst = [r for r, row in enumerate(rows) if row[_DST] == _BAD_DST]
+    if bad_dst:
+        raise _mismatch(what, f"rank(s) {bad_dst} passed a dst that is not a rank of this world "
+                        f"(0 to {len(rows) - 1})", "pass the same valid dst on every rank, or dst=None")
     if len({row[_DST] for row in rows}) > 1:
         raise _mismatch(what, "ranks passed different dst: " + ", ".join(
             f"rank {r}: {None if row[_DST] < 0 else row[_DST]}" for r, row in enumerate(rows)),
@@ -157,8 +162,21 @@ def _as_bytes(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def _eager_capacity(world: int) -> int:
-    """Bytes per rank that travel with the metadata: small gathers then take one collective."""
+    """The most bytes per rank that travel with the metadata: small gathers then take one collective."""
     return max(_EAGER_MIN, _EAGER_BUDGET // world // 8 * 8)
+
+
+# The longest payload of the previous gather. Every rank sees the same gathered metadata in the same
+# order of calls, so every rank derives the same eager size from it: repeated gathers of a few
+# hundred bytes do not move the full eager budget each time.
+_last_longest: Optional[int] = None
+
+
+def _next_capacity(world: int) -> int:
+    most = _eager_capacity(world)
+    if _last_longest is None:
+        return most
+    return min(most, max(_EAGER_MIN, 1 << max(0, _last_longest - 1).bit_length()))
 
 
 def _gather_bytes(tensor: torch.Tensor, what: str, dst: Optional[int] = None,
@@ -171,11 +189,17 @@ def _gather_bytes(tensor: torch.Tensor, what: str, dst: Optional[int] = None,
     the bytes being None on ranks other than ``dst``.
     """
     world, rank, device = get_world_size(), get_rank(), rank_device()
-    cap = _eager_capacity(world)
-    rows, table = _exchange(tensor, what, dst, failed, capacity=cap)
+    global _last_longest
+    cap = _next_capacity(world)
+    try:
+        rows, table = _exchange(tensor, what, dst, failed, capacity=cap)
+    except CollectiveMismatchError:
+        _last_longest = None  # identical on every rank: they all raise here
+        raise
     sizes = [row[_SHAPE] for row in rows]
     row_bytes = tensor.element_size() * math.prod(rows[0][_SHAPE + 1:_SHAPE + rows[0][_NDIM]])
     lengths = [n * row_bytes for n in sizes]
+    _last_longest = max(lengths)
     offsets = [sum(lengths[:r]) for r in range(world)]
     receives = dst is None or rank == dst
     out = torch.empty(sum(lengths), dtype=torch.uint8, device=device) if receives else None
@@ -227,20 +251,22 @@ def gather(tensor: torch.Tensor, *, dst: Optional[int] = None) -> Optional[torch
     Raises:
         CollectiveMismatchError: on every rank, when ranks disagree on ndim, dtype, trailing
             shape or ``dst``; names each rank's dtype and shape.
-        ValueError: ``dst`` is not a rank of this job.
+        ValueError: in a world of one, ``dst`` is not 0 or None.
         NotInitializedError: several processes were launched but no process group exists.
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"gather() takes a torch.Tensor, got {type(tensor).__name__}; use gather_object() "
                         "for other values")
     world = get_world_size()
-    if dst is not None and (isinstance(dst, bool) or not isinstance(dst, int) or not 0 <= dst < world):
-        raise ValueError(f"gather(dst={dst!r}): the world has ranks 0 to {world - 1}, or pass dst=None")
+    valid_dst = dst is None or (not isinstance(dst, bool) and isinstance(dst, int) and 0 <= dst < world)
     if tensor.ndim == 0:
         tensor = tensor.reshape(1)
     if not require_process_group("gather()"):
+        if not valid_dst:
+            raise ValueError(f"gather(dst={dst!r}): the world has ranks 0 to {world - 1}, or pass dst=None")
         return tensor.detach().clone()
-    sizes, out = _gather_bytes(tensor, "gather()", dst)
+    # A bad dst on one rank is reported on every rank, after the metadata exchange, never by a lone raise.
+    sizes, out = _gather_bytes(tensor, "gather()", dst if valid_dst else _BAD_DST)
     if out is None:
         return None
     return out.view(tensor.dtype).view((sum(sizes),) + tuple(tensor.shape[1:])).to(tensor.device)

@@ -102,6 +102,7 @@ def _mismatches(rank, world):
     attempt(lambda: gather(torch.zeros(2, dtype=torch.float64 if rank == 2 else torch.float32)))  # dtype
     attempt(lambda: gather(torch.zeros(1, 3 + (rank == 0))))                                 # trailing shape
     attempt(lambda: gather(torch.zeros(1), dst=rank))                                       # dst
+    attempt(lambda: gather(torch.zeros(1), dst=7 if rank == 1 else 0))                     # bad dst
     attempt(lambda: gather_object(lambda: None) if rank == 1 else gather_object(rank))     # unpicklable
     attempt(lambda: reduce_dict({"loss": 1.0, **({"acc": 0.5} if rank != 2 else {})}))      # keys
     attempt(lambda: all_reduce_mean(torch.zeros(2 + rank)))                                  # shape
@@ -121,6 +122,8 @@ def test_mismatches_raise_the_same_clear_error_on_every_rank():
         assert caught[2] == ("CollectiveMismatchError: gather(): ranks disagree on shape beyond dim 0 "
                              "(rank 0: float32[1, 4], rank 1: float32[1, 3], rank 2: float32[1, 3])")
         assert caught[3] == "CollectiveMismatchError: gather(): ranks passed different dst: rank 0: 0, rank 1: 1, rank 2: 2"
+        assert caught.pop(4) == ("CollectiveMismatchError: gather(): rank(s) [1] passed a dst that is not a rank "
+                                 "of this world (0 to 2)")
         if rank == 1:
             assert caught[4].startswith("TypeError: gather_object(): this rank's function cannot be pickled")
         else:
@@ -141,7 +144,9 @@ def _large(rank, world, broadcast):
     sizes = [3000, 0, 1500, 20]  # 64-byte rows: ranks 0 and 2 exceed the eager part, 1 and 3 do not
     mine = _rows(rank, sizes[rank]).repeat(1, 8)
     blob = b"x" * (100_000 * rank)
-    return gather(mine), gather(mine, dst=2), [len(b) for b in gather_object(blob)]
+    first = gather(mine)
+    tiny = gather(torch.tensor([rank]))  # shrinks the next call's eager part to the minimum
+    return first, gather(mine, dst=2), [len(b) for b in gather_object(blob)], tiny.tolist(), gather(mine)
 
 
 @pytest.mark.timeout(60)
@@ -151,8 +156,9 @@ def test_gather_of_shards_larger_than_the_eager_part(broadcast):
     expected = torch.cat([_rows(r, n).repeat(1, 8) for r, n in enumerate(sizes)])
     assert expected.element_size() * 16 * 1500 > 128 * 1024 // 4  # beyond the eager part of a world of 4
     results = run_world(_large, 4, broadcast, timeout=20)
-    for rank, (whole, to_two, blobs) in enumerate(results):
-        assert torch.equal(whole, expected)
+    for rank, (whole, to_two, blobs, tiny, again) in enumerate(results):
+        assert torch.equal(whole, expected) and torch.equal(again, expected)
+        assert tiny == [0, 1, 2, 3]
         assert torch.equal(to_two, expected) if rank == 2 else to_two is None
         assert blobs == [0, 100_000, 200_000, 300_000]
 
