@@ -1,13 +1,16 @@
 """Gather and reduce across ranks: uneven shapes, objects, evaluation results, metric dicts.
 
-Every collective here first exchanges a small fixed-size metadata tensor (a flag, ndim, dtype,
+Every collective here first exchanges a small fixed-size metadata block (a flag, ndim, dtype,
 destination, shape), so ranks that disagree all raise the same :class:`CollectiveMismatchError`
-instead of one rank crashing and the others hanging in the next collective. Uneven dim-0 sizes are
-padded to the largest and trimmed afterwards, which works on gloo as well as NCCL.
+instead of one rank crashing and the others hanging in the next collective. The first bytes of each
+rank's data ride in the same all-gather, so a small gather is one collective; the rest of a large
+one follows by broadcasts into place (gloo) or a padded all-gather (NCCL). Uneven dim-0 sizes thus
+work on gloo as well as NCCL, where torch's own all_gather needs equal shapes.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import pickle
@@ -188,8 +191,8 @@ def _gather_bytes(tensor: torch.Tensor, what: str, dst: Optional[int] = None,
     nor compaction; other backends: a padded all-gather or gather). Returns (rows per rank, bytes),
     the bytes being None on ranks other than ``dst``.
     """
-    world, rank, device = get_world_size(), get_rank(), rank_device()
     global _last_longest
+    world, rank, device = get_world_size(), get_rank(), rank_device()
     cap = _next_capacity(world)
     try:
         rows, table = _exchange(tensor, what, dst, failed, capacity=cap)
@@ -200,7 +203,7 @@ def _gather_bytes(tensor: torch.Tensor, what: str, dst: Optional[int] = None,
     row_bytes = tensor.element_size() * math.prod(rows[0][_SHAPE + 1:_SHAPE + rows[0][_NDIM]])
     lengths = [n * row_bytes for n in sizes]
     _last_longest = max(lengths)
-    offsets = [sum(lengths[:r]) for r in range(world)]
+    offsets = [0, *itertools.accumulate(lengths)][:-1]
     receives = dst is None or rank == dst
     out = torch.empty(sum(lengths), dtype=torch.uint8, device=device) if receives else None
     if out is not None:
@@ -299,7 +302,7 @@ def gather_object(obj: Any) -> list[Any]:
                             "pass picklable values") from failed
         raise
     data = out.cpu().numpy().tobytes()
-    offsets = [sum(sizes[:r]) for r in range(len(sizes) + 1)]
+    offsets = [0, *itertools.accumulate(sizes)]
     return [pickle.loads(data[offsets[r]:offsets[r + 1]]) for r in range(len(sizes))]
 
 
@@ -318,8 +321,9 @@ def gather_for_metrics(values: Union[torch.Tensor, Sequence[Any]], sampler: Any)
     Give each rank's per-sample results (a tensor with one row per sample, or a list; None items
     are kept) in the order its ``DistributedSampler`` yielded them, in the same epoch. The result
     equals a single-process evaluation of the dataset, bit for bit, whether the sampler shuffles or
-    not. With ``drop_last=True`` the sampler never yields the last ``len(dataset) % world_size``
-    samples; they are missing from the result and a warning on rank 0 says how many.
+    not. With ``drop_last=True`` the sampler never yields ``len(dataset) % world_size`` samples
+    (the tail of its order, shuffled or not); they are missing from the result and a warning on
+    rank 0 says how many.
 
     Args:
         values: this rank's results, one per index the sampler yielded.
