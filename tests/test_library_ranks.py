@@ -153,6 +153,7 @@ def test_world_of_one_without_launcher(clean_env):
     assert not is_distributed() and is_main_process() and is_main_process(local=True)
 
 
+@pytest.mark.timeout(30)
 def test_library_exports_every_name_it_lists():
     for name in lib.__all__:
         assert getattr(lib, name) is not None, name
