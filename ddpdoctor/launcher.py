@@ -240,6 +240,13 @@ def detect(
         if launcher != "torchrun" and values["local_rank"] is None and "LOCAL_RANK" in env:
             values["local_rank"] = _parse_int(env, "LOCAL_RANK", problems)
             sources["local_rank"] = "LOCAL_RANK"
+        # torch.distributed.launch without --use_env sets RANK/WORLD_SIZE but passes the local
+        # rank only as an argument.
+        legacy = _legacy_local_rank(argv)
+        if values["local_rank"] is None and legacy is not None:
+            values["local_rank"] = _parse_int({"--local_rank": legacy}, "--local_rank", problems)
+            if values["local_rank"] is not None:
+                sources["local_rank"] = "--local_rank"
     else:
         legacy = _legacy_local_rank(argv)
         if legacy is not None or "LOCAL_RANK" in env:
@@ -281,7 +288,7 @@ def detect(
                 f"{sources['local_world_size']}={lw}; local ranks run from 0 to processes per node - 1"
             )
 
-    conflicts = _conflicts(env, launcher, info_values, problems)
+    conflicts = _conflicts(env, launcher, info_values, problems, sources)
     master_addr, master_port = _master(env, launcher, problems)
     if strict and problems:
         message, _, hint = problems[0].partition("; ")
@@ -297,7 +304,8 @@ def detect(
     )
 
 
-def _conflicts(env: Mapping[str, str], launcher: Optional[str], vals: Mapping[str, int], problems: list[str]) -> list[str]:
+def _conflicts(env: Mapping[str, str], launcher: Optional[str], vals: Mapping[str, int], problems: list[str],
+               sources: Mapping[str, str]) -> list[str]:
     """Other launchers' variables that disagree with the one in charge."""
     out: list[str] = []
     if launcher is None:
@@ -320,9 +328,12 @@ def _conflicts(env: Mapping[str, str], launcher: Optional[str], vals: Mapping[st
                 mine = _SOURCES[launcher][f] if launcher in _SOURCES else f
                 out.append(f"{mine}={vals[f]} but {var}={theirs}; the launcher in charge is {launcher}, "
                            f"unset the stale {var} or launch with one launcher")
-    if launcher in ("torchrun",) and "LOCAL_RANK" not in env:
+    if launcher in ("torchrun",) and sources.get("local_rank") == "default":
         out.append("LOCAL_RANK is missing; each process cannot tell which GPU is its own: launch with torchrun "
                    "or set LOCAL_RANK per process")
+    elif launcher in _SOURCES and sources.get("local_rank") == "default" and vals["world_size"] > 1:
+        out.append(f"{_SOURCES[launcher]['local_rank']} and LOCAL_RANK are missing; local rank 0 is assumed, "
+                   "which is wrong on every node but one of a multi-node job: set LOCAL_RANK per process")
     if launcher in _SOURCES and launcher != "torchrun" and "LOCAL_RANK" in env:
         theirs = _parse_int(env, "LOCAL_RANK", scratch)
         if theirs is not None and theirs != vals["local_rank"]:

@@ -35,12 +35,20 @@ def _child(rank: int, world_size: int, fn: Callable[..., Any], args: tuple, stor
         stack_file = open(stack_path, "w")
         faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # A forked child inherits the parent's OpenMP thread pool in a broken state: once the parent
+        # has run a parallel op, the child's first one hangs. One intra-op thread per rank avoids it.
+        import torch
+
+        torch.set_num_threads(1)
         if backend:
             import torch.distributed as dist
 
             store = dist.FileStore(store_path, world_size)
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                     timeout=datetime.timedelta(seconds=60))
+            # gloo may still be connecting its full mesh when init returns: a rank whose fn returns
+            # at once would exit and break its peers' connections ("Connection closed by peer").
+            dist.barrier()
         try:
             payload = ("ok", fn(rank, world_size, *args))
         except BaseException as exc:  # noqa: BLE001 - every failure goes back to the test
