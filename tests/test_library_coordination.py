@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from ddpdoctor.library import (BarrierTimeoutError, NotInitializedError, ZeroFirstError, barrier, broadcast_object,
                                gather, main_process_first, print0, rank_zero_only, seed_everything, zero_first)
-from tests.worlds import run_world
+from worlds import run_world
 
 _LAUNCH = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
 

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from ddpdoctor.library import (CollectiveMismatchError, all_reduce_mean, collect_results, gather, gather_for_metrics,
                                gather_object, reduce_dict)
-from tests.worlds import run_world
+from worlds import run_world
 
 _LAUNCH = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ddpdoctor.library import CheckpointError, load_checkpoint
-from tests.worlds import run_world
+from worlds import run_world
 
 
 class _Custom:

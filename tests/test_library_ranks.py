@@ -13,7 +13,7 @@ import torch.distributed as dist
 import ddpdoctor.library as lib
 from ddpdoctor.library import (RankConflictWarning, get_local_rank, get_local_world_size, get_node_rank, get_rank,
                                get_world_size, is_distributed, is_main_process, rank_info)
-from tests.worlds import run_world
+from worlds import run_world
 
 _PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "MPI_LOCAL")
 _NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")

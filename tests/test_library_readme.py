@@ -9,23 +9,19 @@ import re
 
 import pytest
 
-from tests.worlds import run_world
+from worlds import run_world
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MARKER = "## In your training code"
 
 
 def _example() -> str:
-    for path in (ROOT / "README.md", ROOT / "docs-snippets" / "README-library.md"):
+    for path in (ROOT / "README.md",):
         if path.exists() and MARKER in path.read_text():
             section = path.read_text().split(MARKER, 1)[1]
             code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-            import ddpdoctor
-
-            if not hasattr(ddpdoctor, "gather_for_metrics"):  # before ddpdoctor/__init__ re-exports the library
-                code = code.replace("import ddpdoctor as dd", "import ddpdoctor.library as dd")
             return code
-    raise AssertionError(f"no {MARKER!r} section with a python example in README.md or docs-snippets/")
+    raise AssertionError(f"no {MARKER!r} section with a python example in README.md")
 
 
 def _run_example(rank, world, code):

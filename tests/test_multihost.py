@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.netns,
 
 PY = sys.executable
 TORCHRUN = [PY, "-m", "torch.distributed.run"]
-CHECK = [PY, "-m", "ddpdoctor", "check"]
+CHECK = [PY, "-m", "ddpdoctor", "check", "--only", "env,port,process-group"]
 
 
 def _finish(procs, timeout=90):
@@ -45,7 +45,8 @@ def test_torchrun_two_nodes_one_report_covering_both(cli_env, tmp_path, rdzv):
             else:
                 launch = ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{h.addrs[0]}:29412",
                           "--rdzv-id", "ddpd-test"]
-            args = TORCHRUN + launch + ["--nproc-per-node", "2", "-m", "ddpdoctor", "check", "--timeout", "30"]
+            args = TORCHRUN + launch + ["--nproc-per-node", "2", "-m", "ddpdoctor", "check", "--timeout", "30",
+                                        "--only", "env,port,process-group"]
             if i == 0 or rdzv == "c10d":
                 args += ["--json", str(tmp_path / f"r{i}.json")]
             procs.append(h.popen(i, args, env))
@@ -120,7 +121,8 @@ def test_link_down_mid_check_names_the_ranks_that_lost_contact(cli_env, tmp_path
     with Hosts(2) as h:
         envs = [{**_joined_env(cli_env, i, 2, h.addrs[0], 29417), "DDPDOCTOR_PLUGINS": "faults",
                  "FAULT_MARKER": marker, "FAULT_DELAY": "1"} for i in range(2)]
-        procs = [h.popen(i, CHECK + ["--timeout", "4", "--only", "process-group,fault-mark-then-collective,fault-none"],
+        procs = [h.popen(i, [PY, "-m", "ddpdoctor", "check", "--timeout", "4", "--only",
+                             "process-group,fault-mark-then-collective,fault-none"],
                          envs[i]) for i in range(2)]
         deadline = time.monotonic() + 60
         while not all(os.path.exists(f"{marker}.{r}") for r in range(2)):
