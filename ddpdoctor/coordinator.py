@@ -193,7 +193,8 @@ class Coordinator:
         ranks = sorted(self.hellos)
         got: dict[int, Outcome] = {}
         dead: dict[int, dict] = {}
-        deadline = time.monotonic() + self.timeout
+        started = time.monotonic()
+        deadline = started + self.timeout
         while time.monotonic() < deadline:
             for r in ranks:
                 if r in got or r in dead:
@@ -228,7 +229,7 @@ class Coordinator:
                              hint="find why the other ranks did not reach the same call (a rank that skipped "
                                   "a collective, a crash, or a slow network); raise --timeout if it is just slow",
                              finding="rank-hung", details=tuple(stacks.get(r, "").splitlines()),
-                             data={"where": place}, duration=self.timeout)
+                             data={"where": place}, duration=time.monotonic() - started)
         try:
             if silent or dead:
                 result = _trouble_result(check, [got[r] for r in sorted(got)], silent, dead, self.world)

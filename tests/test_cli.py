@@ -179,3 +179,25 @@ def test_sigkill_of_ddpdoctor_takes_the_workers_and_frees_the_port(cli_env):
         s.bind(("127.0.0.1", port))
     p = run(["check", "--only", "port,process-group", "--master-port", str(port)], cli_env)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+@pytest.mark.timeout(60)
+def test_rank_killed_with_sigkill_mid_collective_is_named_and_nothing_survives(cli_env):
+    env = {**cli_env, "DDPDOCTOR_PLUGINS": "faults", "FAULT_RANK": "1"}  # rank 1 skips the all_reduce
+    proc = subprocess.Popen(CMD + ["check", "--nproc", "3", "--timeout", "20",
+                                   "--only", "process-group,fault-skip-collective,fault-none"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        workers = sorted(_wait_for_workers(proc, 3), key=lambda p: p.pid)  # forked in rank order
+        time.sleep(1.5)  # ranks 0 and 2 enter all_reduce; rank 1 skips it
+        workers[0].kill()  # SIGKILL rank 0 mid-collective
+        out, err = proc.communicate(timeout=40)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, out + err
+    assert re.search(r"\[CRASH\]\s+fault-skip-collective\s+rank 0 died \(SIGKILL\); rank 2 stuck in all_reduce",
+                     out), out
+    assert "fix: SIGKILL is often the kernel's OOM killer" in out
+    _assert_gone(workers)

@@ -129,3 +129,14 @@ def test_unresolvable_master_is_named(cli_env):
     p = subprocess.run(CMD + ["--timeout", "2"], env=env, capture_output=True, text=True, timeout=30)
     assert p.returncode == 1
     assert "MASTER_ADDR 'no-such-host.invalid' does not resolve" in p.stderr
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun (Debian: openmpi-bin)")
+def test_real_mpirun_world_is_joined(cli_env):
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "3", "-x", "PYTHONPATH", "-x", "NO_COLOR",
+           sys.executable, "-m", "ddpdoctor", "check"] + FOUNDATION
+    p = subprocess.run(cmd, env=cli_env, capture_output=True, text=True, timeout=80)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("ddpdoctor 0.1.0: mpi job of 3 ranks (gloo) on 1 node") == 1
+    assert "3 ranks on 1 node joined in" in p.stdout
