@@ -126,7 +126,6 @@ def scenarios(timeout: float):
 
     def killed_rank():
         e = {**env, "DDPDOCTOR_PLUGINS": "faults", "FAULT_RANK": "1"}
-        t0 = time.monotonic()
         proc = subprocess.Popen([PY, "-m", "ddpdoctor", "check", "--nproc", "3", "--timeout", "30", "--only",
                                  "process-group,fault-skip-collective"], env=e, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)

@@ -9,16 +9,15 @@ demonstration (PASS); on the user's model (``--model``) diverging layers are a W
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from ddpdoctor.batchnorm import batchnorm_layers, bn_divergence, sync_bn_stats
-from ddpdoctor.check import Check, RankContext, Requirements
-from ddpdoctor.errors import UsageError
-from ddpdoctor.model_factory import (failed_elsewhere, forward_failed, forward_loss, load_model,
-                                     rank_batch, ranks_that_failed, unused_parameters)
+from ddpdoctor.check import RankContext
+from ddpdoctor.model_factory import (LoadedModel, ModelCheck, failed_elsewhere, forward_failed, forward_loss, rank_batch,
+                                     ranks_that_failed, unused_parameters)
 from ddpdoctor.result import Outcome
 
 __all__ = ["BnSyncCheck"]
@@ -29,33 +28,13 @@ FIX = ("convert with torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) before
        "checkpointing")
 
 
-class BnSyncCheck(Check):
+class BnSyncCheck(ModelCheck):
     """BatchNorm layers that are not SyncBatchNorm, their divergence, and the fix."""
 
     name = "bn-sync"
     description = "BatchNorm running statistics diverge across ranks; sync_bn_stats equalizes them"
-    requires = Requirements(min_world_size=2, process_group=True)
-    slow = True  # DDP construction imports torch._dynamo (~2 s), paid once in prepare()
 
-    @classmethod
-    def prepare(cls, options: Mapping[str, Any]) -> None:
-        import torch._dynamo  # noqa: F401 - imported before ranks fork, so every rank inherits it
-
-    def run(self, ctx: RankContext) -> Outcome:
-        ctx.process_group()
-        with torch.random.fork_rng(devices=[]):  # leave the worker's RNG as it was
-            return self._run(ctx)
-
-    def _run(self, ctx: RankContext) -> Outcome:
-        torch.manual_seed(0)
-        try:
-            loaded = load_model(ctx.options)
-        except UsageError as exc:
-            ranks_that_failed(False)
-            return ctx.failed(exc.message, hint=exc.hint, finding=exc.reference)
-        elsewhere = ranks_that_failed(True)
-        if elsewhere:
-            return failed_elsewhere(ctx, elsewhere, "build the model")
+    def run_model(self, ctx: RankContext, loaded: LoadedModel) -> Outcome:
         model = loaded.module.train()
         layers = [(name, bn) for name, bn in batchnorm_layers(model)
                   if not isinstance(bn, torch.nn.SyncBatchNorm)]

@@ -13,7 +13,7 @@ import psutil
 from ddpdoctor import envvars, launcher, nvml
 from ddpdoctor.check import Check, CheckResult, Findings, RankContext, WorldInfo
 from ddpdoctor.redact import redact_env
-from ddpdoctor.result import Outcome, Status, format_ranks, merge_outcomes, rank_label
+from ddpdoctor.result import Outcome, Status, merge_outcomes, rank_label
 
 __all__ = ["EnvCheck", "collect_environment", "describe_environment"]
 

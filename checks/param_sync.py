@@ -9,16 +9,15 @@ DDP's "Expected to have finished reduction in the prior iteration" error.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from ddpdoctor.check import Check, RankContext, Requirements
+from ddpdoctor.check import RankContext
 from ddpdoctor.desync import DesyncError, assert_in_sync
-from ddpdoctor.errors import UsageError
-from ddpdoctor.model_factory import (LoadedModel, failed_elsewhere, forward_failed, forward_loss,
-                                     load_model, rank_batch, ranks_that_failed, unused_parameters)
+from ddpdoctor.model_factory import (LoadedModel, ModelCheck, failed_elsewhere, forward_failed, forward_loss, rank_batch,
+                                     ranks_that_failed, unused_parameters)
 from ddpdoctor.result import Outcome
 
 __all__ = ["ParamSyncCheck"]
@@ -40,33 +39,16 @@ def _short(exc: DesyncError, shown: int = 3) -> str:
     return ", ".join(names) + (f" and {more} more" if more > 0 else "")
 
 
-class ParamSyncCheck(Check):
+class ParamSyncCheck(ModelCheck):
     """Parameters, gradients and buffers agree across ranks; DDP puts a desynced model in sync."""
 
     name = "param-sync"
     description = "parameters and gradients identical on every rank; unused parameters named"
-    requires = Requirements(min_world_size=2, process_group=True)
-    slow = True  # DDP construction imports torch._dynamo (~2 s), paid once in prepare()
 
-    @classmethod
-    def prepare(cls, options: Mapping[str, Any]) -> None:
-        import torch._dynamo  # noqa: F401 - imported before ranks fork, so every rank inherits it
+    def seed(self, rank: int) -> int:
+        return 1000 + rank  # rank-dependent init: the bug DDP's broadcast fixes
 
-    def run(self, ctx: RankContext) -> Outcome:
-        ctx.process_group()
-        with torch.random.fork_rng(devices=[]):  # leave the worker's RNG as it was
-            return self._run(ctx)
-
-    def _run(self, ctx: RankContext) -> Outcome:
-        torch.manual_seed(1000 + ctx.rank)  # rank-dependent init: the bug DDP's broadcast fixes
-        try:
-            loaded = load_model(ctx.options)
-        except UsageError as exc:
-            ranks_that_failed(False)
-            return ctx.failed(exc.message, hint=exc.hint, finding=exc.reference)
-        elsewhere = ranks_that_failed(True)
-        if elsewhere:
-            return failed_elsewhere(ctx, elsewhere, "build the model")
+    def run_model(self, ctx: RankContext, loaded: LoadedModel) -> Outcome:
         model = loaded.module.train()
         details: list[str] = [f"model: {loaded.label}, "
                               f"{sum(p.numel() for p in model.parameters())} parameters"]

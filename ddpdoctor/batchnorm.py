@@ -15,22 +15,16 @@ from typing import Any, Iterator
 
 import torch
 
+from .wrapped import unwrap_module
+
 __all__ = ["bn_divergence", "sync_bn_stats", "batchnorm_layers"]
 
 log = logging.getLogger(__name__)
 
 
-def _unwrap(module: torch.nn.Module) -> torch.nn.Module:
-    inner = getattr(module, "module", None)
-    if isinstance(inner, torch.nn.Module) and type(module).__name__ in (
-            "DistributedDataParallel", "DataParallel"):
-        return inner
-    return module
-
-
 def batchnorm_layers(module: torch.nn.Module) -> Iterator[tuple[str, torch.nn.modules.batchnorm._NormBase]]:
     """Every BatchNorm layer (SyncBatchNorm included) that tracks running statistics, by name."""
-    for name, layer in _unwrap(module).named_modules():
+    for name, layer in unwrap_module(module).named_modules():
         if (isinstance(layer, torch.nn.modules.batchnorm._NormBase)
                 and not isinstance(layer, torch.nn.modules.instancenorm._InstanceNorm)
                 and layer.running_mean is not None and layer.running_var is not None):

@@ -29,6 +29,7 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 
 from .errors import DdpdoctorError
+from .wrapped import unwrap_module
 
 __all__ = ["assert_in_sync", "DesyncError", "TensorMismatch", "fingerprint"]
 
@@ -191,14 +192,6 @@ def _layout_hash(name: str, t: Optional[torch.Tensor]) -> int:
     return zlib.crc32(text.encode())
 
 
-def _unwrap(module: torch.nn.Module) -> torch.nn.Module:
-    inner = getattr(module, "module", None)
-    if isinstance(inner, torch.nn.Module) and type(module).__name__ in (
-            "DistributedDataParallel", "DataParallel"):
-        return inner
-    return module
-
-
 def _tensors(module: torch.nn.Module, grads: bool, buffers: bool
              ) -> Iterator[tuple[str, Optional[torch.Tensor]]]:
     for name, p in module.named_parameters():
@@ -282,7 +275,7 @@ def assert_in_sync(module: torch.nn.Module, *, grads: bool = False, buffers: boo
     world = dist.get_world_size(group)
     if world < 2:
         return None
-    module = _unwrap(module)
+    module = unwrap_module(module)
     entries = list(_tensors(module, grads=grads, buffers=buffers))
     local_device = next((t.device for _, t in entries if t is not None), torch.device("cpu"))
     device = _comm_device(group, local_device)

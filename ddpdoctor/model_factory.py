@@ -14,10 +14,11 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import torch
 from torch import nn
 
+from .check import Check, RankContext, Requirements
 from .errors import UsageError
-from .result import format_ranks
+from .result import Outcome, format_ranks
 
-__all__ = ["TinyConvNet", "LoadedModel", "load_factory", "build_model", "parse_input_shape",
+__all__ = ["ModelCheck", "TinyConvNet", "LoadedModel", "load_factory", "build_model", "parse_input_shape",
            "guess_input_shape", "load_model", "forward_loss", "rank_batch", "unused_parameters",
            "ranks_that_failed", "failed_elsewhere", "forward_failed", "BUILTIN_INPUT_SHAPE"]
 
@@ -243,3 +244,42 @@ def forward_failed(ctx: Any, exc: Exception, shape: Any, details: list[str],
                       hint="pass the batch shape your model takes with --input-shape, "
                            "e.g. --input-shape 8,3,32,32",
                       finding="model-forward-failed", details=details, data=data)
+
+
+class ModelCheck(Check):
+    """Base of the checks that train a model under DDP on every rank (``param-sync``, ``bn-sync``).
+
+    It loads the user's ``--model`` (or the built-in one) on every rank under a seed the subclass
+    picks, and when loading fails on some ranks, every rank stops with the reason instead of waiting
+    in the next collective. Subclasses implement :meth:`run_model`.
+    """
+
+    requires = Requirements(min_world_size=2, process_group=True)
+    slow = True  # DDP construction imports torch._dynamo (~2 s), paid once in prepare()
+
+    @classmethod
+    def prepare(cls, options: Mapping[str, Any]) -> None:
+        import torch._dynamo  # noqa: F401 - imported before ranks fork, so every rank inherits it
+
+    def seed(self, rank: int) -> int:
+        """The seed the model is built under on ``rank``."""
+        return 0
+
+    def run(self, ctx: RankContext) -> Outcome:
+        ctx.process_group()
+        with torch.random.fork_rng(devices=[]):  # leave the worker's RNG as it was
+            torch.manual_seed(self.seed(ctx.rank))
+            try:
+                loaded = load_model(ctx.options)
+            except UsageError as exc:
+                ranks_that_failed(False)
+                return ctx.failed(exc.message, hint=exc.hint, finding=exc.reference)
+            elsewhere = ranks_that_failed(True)
+            if elsewhere:
+                return failed_elsewhere(ctx, elsewhere, "build the model")
+            return self.run_model(ctx, loaded)
+
+    def run_model(self, ctx: RankContext, loaded: LoadedModel) -> Outcome:
+        """Run the check on the loaded model (in train mode it is the caller's to set)."""
+        raise NotImplementedError
+

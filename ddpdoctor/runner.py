@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import time
 import uuid
@@ -20,13 +19,11 @@ from typing import Any, Optional, Sequence
 
 from . import launcher, nvml
 from .check import Check, WorldInfo
-from .control import Channel, ChannelLost, connect_store, host_store
+from .control import Channel, host_store
 from .coordinator import Coordinator, Progress, interrupted_results
 from .errors import UsageError
-from .exitcodes import ExitCode
 from .registry import select_checks
 from .report import RunReport
-from .result import Outcome
 from .supervisor import Supervisor
 from .worker import WorkerSpec
 

@@ -17,7 +17,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, Optional, Sequence
+from typing import Any, NoReturn, Sequence
 
 from .check import Check, RankContext
 from .control import Channel, ChannelLost, connect_store
@@ -52,6 +52,7 @@ class WorkerSpec:
     options: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)
     close_fds: Sequence[int] = ()
+    open_files: Any = None  # set in the worker: files that must stay open for its lifetime
 
 
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
@@ -106,7 +107,7 @@ def worker_main(spec: WorkerSpec) -> NoReturn:
     """Entry point of a forked worker; never returns."""
     code = 0
     try:
-        _keep = _prepare(spec)
+        spec.open_files = _prepare(spec)  # the log and stack files must stay open
         store = connect_store(spec.store_addr, spec.store_port, spec.timeout)
         channel = Channel(store, spec.prefix)
         ctx = RankContext(

@@ -77,7 +77,6 @@ class Hosts:
 
     def command(self, i: int, argv: Sequence[str]) -> list[str]:
         """``argv`` run on host ``i`` (its namespace, its hostname, /etc/hosts naming every host)."""
-        hosts = " ".join(f"{a} {h}" for a, h in zip(self.addrs, self.hostnames))
         script = ('hostname "$1"; shift; '
                   'printf "127.0.0.1 localhost\\n%s\\n" "$HOSTS_LINE" | tr "|" "\\n" > /tmp/hosts-$$; '
                   'mount --bind /tmp/hosts-$$ /etc/hosts 2>/dev/null; exec "$@"')

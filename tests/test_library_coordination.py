@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddpdoctor.library import (BarrierTimeoutError, NotInitializedError, ZeroFirstError, barrier, broadcast_object,
+from ddpdoctor.library import (BarrierTimeoutError, NotInitializedError, barrier, broadcast_object,
                                gather, main_process_first, print0, rank_zero_only, seed_everything, zero_first)
 from worlds import run_world
 
@@ -149,7 +149,7 @@ def test_rank_zero_only_print0_broadcast_and_seeds(world):
         assert out == {
             "zero": 2 if r == 0 else None,
             "default": "ran" if r == 0 else "skipped",
-            "printed": f"hello from 0\n" if r == 0 else "",
+            "printed": "hello from 0\n" if r == 0 else "",
             "bcast": {"from": world - 1},
             "same": 1,
             "seed": 11 + r,
