@@ -136,3 +136,18 @@ def test_user_chosen_free_port_is_used_for_the_rendezvous(clean_launcher_env):
     out, res = _run(nproc=2, timeout=10, master_port=port, only=["port", "process-group"])
     assert out.exit_code == 0
     assert res["port"].summary == f"127.0.0.1:{port} is free and bound on the master"
+
+
+@pytest.mark.timeout(60)
+def test_supervisor_never_initializes_cuda(clean_launcher_env):
+    """The supervising process counts GPUs through NVML only; any CUDA query here would raise."""
+    import torch
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("CUDA was queried by the supervising process")
+
+    for name in ("is_available", "device_count", "init", "_lazy_init", "current_device"):
+        clean_launcher_env.setattr(torch.cuda, name, forbidden)
+    out, res = _run(nproc=2, timeout=20, only=["env", "port", "process-group"])
+    assert out.exit_code == 0, [r.summary for r in res.values()]
+    assert not torch.cuda.is_initialized()
