@@ -6,10 +6,11 @@ Installed as ``ddpdoctor.checks``. Add a check by writing a module with a
 
 from __future__ import annotations
 
+from .collectives import CollectivesBenchCheck, CollectivesCheck
 from .env import EnvCheck
 from .port import PortCheck
 from .process_group import ProcessGroupCheck
 
-__all__ = ["ALL", "EnvCheck", "PortCheck", "ProcessGroupCheck"]
+__all__ = ["ALL", "CollectivesBenchCheck", "CollectivesCheck", "EnvCheck", "PortCheck", "ProcessGroupCheck"]
 
-ALL = (EnvCheck, PortCheck, ProcessGroupCheck)
+ALL = (EnvCheck, PortCheck, ProcessGroupCheck, CollectivesCheck, CollectivesBenchCheck)
