@@ -30,14 +30,14 @@ def test_check_passes_and_writes_versioned_json(cli_env, tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     lines = p.stdout.splitlines()
     assert lines[0] == "ddpdoctor 0.1.0: local world of 2 ranks (gloo) on 1 node"
-    assert [line.split()[0:2] for line in lines[1:4]] == [["[ok]", "env"], ["[ok]", "port"],
-                                                          ["[ok]", "process-group"]]
-    assert lines[-1].startswith("3 passed in ") and lines[-1].endswith("; exit 0")
+    assert [line.split()[0:2] for line in lines[1:5]] == [["[ok]", "env"], ["[ok]", "port"],
+                                                          ["[ok]", "process-group"], ["[ok]", "collectives"]]
+    assert lines[-1].startswith("4 passed in ") and lines[-1].endswith("; exit 0")
     assert "Traceback" not in p.stderr
     doc = json.loads(path.read_text())
     assert doc["schema"] == 1 and doc["status"] == "pass" and doc["exit_code"] == 0
     assert doc["world"]["world_size"] == 2 and doc["world"]["backend"] == "gloo"
-    assert [c["name"] for c in doc["checks"]] == ["env", "port", "process-group"]
+    assert [c["name"] for c in doc["checks"]] == ["env", "port", "process-group", "collectives"]
     for c in doc["checks"]:
         assert set(c) >= {"name", "status", "summary", "hint", "ranks", "outcomes"}
 
