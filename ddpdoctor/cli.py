@@ -82,7 +82,7 @@ def check(nproc: Optional[int], backend: Optional[str], master_addr: str, master
           skip: tuple, timeout: float, json_path: Optional[str], strict: bool, mode: Optional[str],
           min_busbw: Optional[float], verbose: bool) -> int:
     """Run the checks on a local world, or join the world torchrun/srun/mpirun started."""
-    from .registry import all_checks
+    from .registry import all_checks, select_checks
     from .report import Style, TerminalProgress, footer
     from .runner import RunOptions, run_checks
 
@@ -92,7 +92,9 @@ def check(nproc: Optional[int], backend: Optional[str], master_addr: str, master
                       options={} if min_busbw is None else {"min_busbw": min_busbw})
     out = sys.stdout
     style = Style.for_stream(out)
-    progress = TerminalProgress(out, style, verbose, [c.name for c in all_checks()])
+    names = [c.name for c in all_checks() if not c.on_request] + [c.name for c in select_checks(only, skip)
+                                                                  if c.on_request]
+    progress = TerminalProgress(out, style, verbose, names)
     outcome = run_checks(opts, progress)
     report = outcome.report
     if report is None:  # a non-reporting rank in joined mode

@@ -290,7 +290,7 @@ def compare(step: Step) -> Optional[dict]:
 
 
 def time_step(step: Step, iters: int, warmup: int, arrive: Callable[[Step], None], device: str) -> dict:
-    """Time ``iters`` calls of ``step`` after ``warmup`` calls, starting after a barrier.
+    """Time ``iters`` calls of ``step``: ``warmup`` untimed calls, a barrier, then the timed calls.
 
     ``arrive`` runs before each call (outside the timed window); the time it takes is this rank's
     lag: a rank that is consistently late makes every other rank wait inside the collective.
@@ -304,8 +304,11 @@ def time_step(step: Step, iters: int, warmup: int, arrive: Callable[[Step], None
     cuda = device.startswith("cuda")
     events: list[tuple[Any, Any]] = []
     op_seconds = lag_seconds = 0.0
+    for _ in range(warmup):
+        arrive(step)
+        step.run()
     dist.barrier(group=step.group.pg)
-    for it in range(warmup + iters):
+    for _ in range(iters):
         t_a = time.perf_counter()
         arrive(step)
         t_b = time.perf_counter()
@@ -314,14 +317,11 @@ def time_step(step: Step, iters: int, warmup: int, arrive: Callable[[Step], None
             start.record()
             step.run()
             end.record()
-            if it >= warmup:
-                events.append((start, end))
+            events.append((start, end))
         else:
             step.run()
-            if it >= warmup:
-                op_seconds += time.perf_counter() - t_b
-        if it >= warmup:
-            lag_seconds += t_b - t_a
+            op_seconds += time.perf_counter() - t_b
+        lag_seconds += t_b - t_a
     if cuda:
         torch.cuda.synchronize()
         op_seconds = sum(s.elapsed_time(e) for s, e in events) / 1000.0

@@ -88,3 +88,16 @@ def test_select_ops_accepts_families_and_names_in_run_order():
     with pytest.raises(ValueError, match="no collective named 'gather'"):
         select_ops(["gather"])
     assert format_bytes(1048588) == "1.0 MiB" and format_bytes(8) == "8 B"
+
+
+@pytest.mark.timeout(150)
+def test_bench_joins_a_torchrun_world_and_reports_once(cli_env):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "ddpdoctor",
+           "bench", "--max-bytes", "32", "--ops", "all_reduce(sum),all_to_all", "--iters", "2", "--warmup", "1"]
+    p = subprocess.run(cmd, env=cli_env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("ddpdoctor 0.1.0: torchrun job of 2 ranks (gloo) on 1 node") == 1
+    rows = [line.split() for line in p.stdout.splitlines() if line.startswith("  ")]
+    assert [(r[0], r[3]) for r in rows] == [("8", "all_reduce(sum)"), ("8", "all_to_all"), ("16", "all_reduce(sum)"),
+                                            ("16", "all_to_all"), ("32", "all_reduce(sum)"), ("32", "all_to_all")]
+    assert "collectives-bench  6 rows exact on every rank" in p.stdout
