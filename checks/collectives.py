@@ -123,7 +123,7 @@ class CollectivesCheck(Check):
                 step = build_step(op, dtype, count, group, ctx.device)
                 try:
                     self.collective(ctx, step)
-                except RuntimeError as exc:
+                except (RuntimeError, ValueError) as exc:
                     reason = unsupported_reason(exc)
                     if reason is None:
                         raise

@@ -169,7 +169,7 @@ def unsupported_reason(exc: BaseException) -> Optional[str]:
     """The backend's own "not supported" message from an exception, or None if it is a real error."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     low = text.lower()
-    if "not supported" in low or "unsupported" in low or "not implemented" in low:
+    if any(k in low for k in ("not supported", "unsupported", "not implemented", "cannot use reduceop")):
         return text[:160]
     return None
 
