@@ -78,8 +78,8 @@ class CollectivesCheck(Check):
 
     # -- rank side --------------------------------------------------------------------------------
 
-    def _record(self, ctx: RankContext, step: Step) -> None:
-        value = {"seq": self._seq, "op": step.label, "group": step.group.label}
+    def _record(self, ctx: RankContext, step: Step, note: str = "") -> None:
+        value = {"seq": self._seq, "op": step.label, "group": step.group.label + (f", {note}" if note else "")}
         ctx.store.set(progress_key(self.name, ctx.rank), json.dumps(value))
 
     def cases(self, group: Group) -> list[tuple[str, str, int]]:
@@ -181,7 +181,7 @@ class CollectivesCheck(Check):
         for op in TIMED:
             step = build_step(op, "float32", TIMED_COUNT, world, ctx.device)
             self._seq += 1
-            self._record(ctx, step)
+            self._record(ctx, step, "timed")
             t = time_step(step, self.iters, self.warmup, lambda s: self.arrive(ctx, s), ctx.device)
             found["timings"].append({"op": op, "family": OPS[op], "dtype": step.dtype, "count": step.count,
                                      "size": step.size_bytes, "elements": step.size_bytes // step.element_size,
@@ -196,7 +196,8 @@ class CollectivesCheck(Check):
             return merged
         n = world.world_size
         rows = bench_rows(outcomes, n)
-        details = render_table(rows) + _per_rank_lines(data) + [f"skipped: {s}" for s in _skips(data)]
+        details = (_wrong_lines(data) + render_table(rows) + _per_rank_lines(data)
+                   + [f"skipped: {s}" for s in _skips(data)])
         base = dict(outcomes=merged.outcomes, duration=merged.duration, details=tuple(details))
         verdict = _wrong_verdict(data) or _busbw_verdict(rows, world) or _straggler_verdict(data)
         if verdict is not None:
@@ -367,6 +368,12 @@ def _wrong_text(entry: dict, ranks: Sequence[int]) -> str:
     return (f"{entry['label']} wrong on {rank_label(ranks)} ({entry['group']}): first wrong index "
             f"{entry['index']}: expected {_fmt(entry['expected'])}, got {_fmt(entry['actual'])} "
             f"({entry['wrong']} of {entry['of']} elements wrong)")
+
+
+def _wrong_lines(data: dict) -> list[str]:
+    """Every wrong result, one line per rank and operation, in run order."""
+    entries = sorted((w["seq"], r, w) for r, d in data.items() for w in d["wrong"])
+    return [f"wrong: {_wrong_text(w, [r])}" for _, r, w in entries]
 
 
 def _wrong_verdict(data: dict) -> Optional[tuple]:

@@ -72,6 +72,7 @@ def test_perturbed_result_names_the_rank_op_dtype_index_and_values(clean_launche
                          f"expected {expected}, got {expected + 1} (1 of {r.outcomes[rank].data['wrong'][0]['of']} "
                          "elements wrong)")
     assert f"rank {rank} received wrong data" in r.hint
+    assert r.details[0] == "wrong: " + r.summary  # -v lists every wrong result, one line each
     assert [o.status for o in r.outcomes] == [Status.FAIL if k == rank else Status.PASS for k in range(nproc)]
 
 
