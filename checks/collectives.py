@@ -67,8 +67,9 @@ class CollectivesCheck(Check):
     def collective(self, ctx: RankContext, step: Step) -> None:
         """Record that this rank entered ``step`` (control store), then run it once."""
         self._seq += 1
-        self._record(ctx, step)
+        self._record(ctx, step.label, step.group.label)
         step.run()
+        self._last = self._seq
 
     def received(self, ctx: RankContext, step: Step) -> None:
         """Called with each result before it is compared (tests perturb it here)."""
@@ -78,8 +79,9 @@ class CollectivesCheck(Check):
 
     # -- rank side --------------------------------------------------------------------------------
 
-    def _record(self, ctx: RankContext, step: Step, note: str = "") -> None:
-        value = {"seq": self._seq, "op": step.label, "group": step.group.label + (f", {note}" if note else "")}
+    def _record(self, ctx: RankContext, op: str, group: str) -> None:
+        """Control store: this rank now enters operation number ``_seq`` (``prev``: the last it finished)."""
+        value = {"seq": self._seq, "prev": self._last, "op": op, "group": group}
         ctx.store.set(progress_key(self.name, ctx.rank), json.dumps(value))
 
     def cases(self, group: Group) -> list[tuple[str, str, int]]:
@@ -101,7 +103,7 @@ class CollectivesCheck(Check):
 
     def run(self, ctx: RankContext) -> Outcome:
         ctx.process_group()
-        self._seq = 0
+        self._seq = self._last = 0
         world = Group(tuple(range(ctx.world_size)), ctx.rank)
         found: dict[str, Any] = {"checked": 0, "wrong": [], "skipped": [], "timings": [], "groups": ["world"]}
         self._correctness(ctx, world, self.cases(world), found)
@@ -152,7 +154,10 @@ class CollectivesCheck(Check):
             nodes = [r // int(fake) for r in range(n)]
         else:
             hosts: list[Any] = [None] * n
+            self._seq += 1
+            self._record(ctx, "all_gather_object(hostnames)", "world")
             dist.all_gather_object(hosts, ctx.hostname)
+            self._last = self._seq
             order = list(dict.fromkeys(hosts))
             nodes = [order.index(h) for h in hosts]
         members: dict[int, list[int]] = {}
@@ -181,8 +186,9 @@ class CollectivesCheck(Check):
         for op in TIMED:
             step = build_step(op, "float32", TIMED_COUNT, world, ctx.device)
             self._seq += 1
-            self._record(ctx, step, "timed")
+            self._record(ctx, step.label, "world, timed")
             t = time_step(step, self.iters, self.warmup, lambda s: self.arrive(ctx, s), ctx.device)
+            self._last = self._seq
             found["timings"].append({"op": op, "family": OPS[op], "dtype": step.dtype, "count": step.count,
                                      "size": step.size_bytes, "elements": step.size_bytes // step.element_size,
                                      **t})
@@ -230,6 +236,10 @@ class CollectivesCheck(Check):
             return result
         if not progress:
             return result
+        labels = {p["seq"]: p["op"] for p in progress.values()}
+        skipped = [f"rank {r} skipped " + ", ".join(f"#{k}" + (f" {labels[k]}" if k in labels else "")
+                                                   for k in range(p.get("prev", p["seq"] - 1) + 1, p["seq"]))
+                   for r, p in sorted(progress.items()) if p.get("prev", p["seq"] - 1) < p["seq"] - 1]
         furthest = max(p["seq"] for p in progress.values())
         ahead = sorted(r for r, p in progress.items() if p["seq"] == furthest)
         behind: dict[str, list[int]] = {}
@@ -239,12 +249,13 @@ class CollectivesCheck(Check):
             p = progress.get(r)
             last = f"last entered #{p['seq']} {p['op']}" if p else "entered no collective"
             behind.setdefault(last, []).append(r)
-        if not behind:
+        if not behind and not skipped:
             return result
         top = progress[ahead[0]]
-        parts = [f"{rank_label(rs)} never reached #{furthest} {top['op']} in {top['group']} ({last})"
+        parts = skipped + [f"{rank_label(rs)} never reached #{furthest} {top['op']} in {top['group']} ({last})"
                  for last, rs in behind.items()]
-        parts.append(f"{rank_label(ahead)} entered it")
+        if behind:
+            parts.append(f"{rank_label(ahead)} entered it")
         lines = tuple(f"progress: rank {r}: #{p['seq']} {p['op']} ({p['group']})" for r, p in sorted(progress.items()))
         return replace(result, summary="; ".join(parts) + "; " + result.summary, details=result.details + lines)
 

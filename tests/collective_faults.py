@@ -75,3 +75,17 @@ class PerturbedBench(CollectivesBenchCheck):
 
 
 CHECKS = [PerturbedCollectives, HangingCollectives, SlowCollectives, PerturbedBench]
+
+
+class SkippingCollectives(CollectivesCheck):
+    name = "coll-skip"
+    description = "FAULT_RANK skips one operation (neither records nor runs it)"
+
+    def collective(self, ctx: RankContext, step: Step) -> None:
+        if _is_target(ctx, step):
+            self._seq += 1
+            return
+        super().collective(ctx, step)
+
+
+CHECKS.append(SkippingCollectives)

@@ -116,6 +116,18 @@ def test_rank_that_never_reaches_an_operation_is_named_with_it(clean_launcher_en
     assert "progress: rank 1: #18 all_reduce(max) float16 x8 (world)" in r.details
 
 
+@pytest.mark.timeout(60)
+def test_rank_that_skips_an_operation_is_named_with_it(clean_launcher_env):
+    _fault(clean_launcher_env, rank=1, op="barrier", dtype="float32", count=0)
+    out, res = _run(["coll-skip"], nproc=3, timeout=4)
+    r = res["coll-skip"]
+    assert r.status == Status.TIMEOUT and r.ranks == (0, 1, 2)
+    assert r.summary.startswith(
+        "rank 1 skipped #101 barrier; ranks 0,2 never reached #102 all_gather_object(hostnames) in world "
+        "(last entered #101 barrier); rank 1 entered it; "), r.summary
+    assert "ranks 0,2 stuck in barrier" in r.summary
+
+
 @pytest.mark.timeout(90)
 def test_slowed_rank_is_named_as_the_straggler(clean_launcher_env):
     _fault(clean_launcher_env, rank=2, sleep=0.04)
