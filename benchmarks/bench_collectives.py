@@ -10,7 +10,7 @@ averaged over ranks, busbw = size / time * 2(n-1)/n). The ratio of the medians m
 Cost: ``ddpdoctor check`` at 2 CPU ranks with and without the ``collectives`` check, interleaved,
 REPEAT times each; the difference of the medians must be at most 1 second.
 
-Usage: python benchmarks/bench_collectives.py [--rounds 5] [--repeat 7] [--ranks 2] [--skip-cost]
+Usage: python benchmarks/bench_collectives.py [--rounds 15] [--repeat 7] [--ranks 2] [--skip-cost]
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ class BenchVsReference(CollectivesBenchCheck):
         from ddpdoctor.collectives import Group
 
         ctx.process_group()
-        self._seq = 0
-        rounds = int(ctx.options.get("rounds", 5))
+        self._seq = self._last = 0
+        rounds = int(ctx.options.get("rounds", 15))
         world = Group(tuple(range(ctx.world_size)), ctx.rank)
         found = {"checked": 0, "wrong": [], "skipped": [], "timings": [], "groups": ["world"], "reference": []}
         for _ in range(rounds):
@@ -135,7 +135,7 @@ def cost(ranks: int, repeat: int) -> bool:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--skip-cost", action="store_true")

@@ -61,6 +61,8 @@ class CollectivesCheck(Check):
     requires = Requirements(min_world_size=2, process_group=True)
     iters = 5
     warmup = 2
+    _seq = 0  # operations entered on this rank, in run order (progress for hang reports)
+    _last = 0  # the last operation this rank finished
 
     # -- seams ------------------------------------------------------------------------------------
 
@@ -270,7 +272,7 @@ class CollectivesBenchCheck(CollectivesCheck):
 
     def run(self, ctx: RankContext) -> Outcome:
         ctx.process_group()
-        self._seq = 0
+        self._seq = self._last = 0
         opts = dict(ctx.options.get("bench") or {})
         ops = select_ops(opts.get("ops") or [op for op in OPS if op != "barrier"])
         dtype = opts.get("dtype", "float32")
