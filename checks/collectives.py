@@ -87,20 +87,22 @@ class CollectivesCheck(Check):
         ctx.store.set(progress_key(self.name, ctx.rank), json.dumps(value))
 
     def cases(self, group: Group) -> list[tuple[str, str, int]]:
-        """(op, dtype, count) in run order: every op and dtype at the small and odd sizes, the large
-        size for float32 and for all_reduce(sum) in every dtype; float32 only in subgroups."""
+        """(op, dtype, count) in run order. In the world: every op in float32 at all 3 sizes, in the
+        other dtypes at the odd size, and all_reduce(sum) at the large size in every dtype. In the
+        intra-/inter-node groups: float32 at the small and odd sizes."""
+        world = group.label == "world"
+        small, odd, large = SIZES
         out = []
-        dtypes = DTYPES if group.label == "world" else ("float32",)
         for op, family in OPS.items():
             if family == "barrier":
                 out.append((op, "float32", 0))
                 continue
-            for dtype in dtypes:
-                for count in SIZES:
-                    large = count == SIZES[-1]
-                    if large and (group.label != "world" or (dtype != "float32" and op != "all_reduce(sum)")):
-                        continue
-                    out.append((op, dtype, count))
+            for dtype in DTYPES if world else ("float32",):
+                if dtype == "float32":
+                    counts = [small, odd, large] if world else [small, odd]
+                else:
+                    counts = [odd, large] if op == "all_reduce(sum)" else [odd]
+                out.extend((op, dtype, count) for count in counts)
         return out
 
     def run(self, ctx: RankContext) -> Outcome:
