@@ -367,4 +367,4 @@ def render_table(rows: Sequence[dict]) -> list[str]:
             f"{'(B)':>12} {'(elements)':>12} {'':>9} {'':<21} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}"]
     body = [f"{r['size']:>12} {r['count']:>12} {r['dtype']:>9} {r['op']:<21} {r['time_us']:>10.1f} "
             f"{r['algbw']:>8.3f} {r['busbw']:>8.3f} {r['wrong']:>7}" for r in rows]
-    return head + body
+    return [line.rstrip() for line in head] + body
