@@ -1,12 +1,12 @@
 """Checks ``collectives`` and ``collectives-bench``: exact results on every rank, bandwidth, stragglers.
 
-``collectives`` (default, about a second on 2 CPU ranks) runs every operation a DDP job uses on
-rank-encoded data whose exact result is known, on every dtype the backend supports and three sizes
-(small, odd, and large enough to leave the small-message path), over the whole world and, when
-there are several nodes, within each node and across nodes separately, so a bad node or link is
-isolated. It then times the main operations at the large size and reports nccl-tests' algbw and
-busbw, names a rank that is consistently late (a straggler) and, with ``--min-busbw``, fails when
-the bandwidth is below a floor.
+``collectives`` (default, under a second on 2 CPU ranks) runs every operation a DDP job uses on
+rank-encoded data whose exact result is known: in float32 at three sizes (small, odd, and large
+enough to leave the small-message path), in every other dtype the backend supports at the odd size
+(all_reduce also at the large one); over the whole world and, when there are several nodes, within
+each node and across nodes separately, so a bad node or link is isolated. It then times the main
+operations at 1 MiB and reports nccl-tests' algbw and busbw, names a rank that is consistently late
+(a straggler) and, with ``--min-busbw``, fails when the bandwidth is below a floor.
 
 ``collectives-bench`` (on request: ``ddpdoctor bench``) sweeps sizes from bytes to a maximum and
 prints a table like nccl-tests'.
