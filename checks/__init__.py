@@ -7,12 +7,15 @@ Installed as ``ddpdoctor.checks``. Add a check by writing a module with a
 from __future__ import annotations
 
 from .bn_sync import BnSyncCheck
+from .collectives import CollectivesBenchCheck, CollectivesCheck
 from .env import EnvCheck
 from .param_sync import ParamSyncCheck
 from .port import PortCheck
 from .process_group import ProcessGroupCheck
 from .sampler import SamplerCheck
 
-__all__ = ["ALL", "BnSyncCheck", "EnvCheck", "ParamSyncCheck", "PortCheck", "ProcessGroupCheck", "SamplerCheck"]
+__all__ = ["ALL", "BnSyncCheck", "CollectivesBenchCheck", "CollectivesCheck", "EnvCheck", "ParamSyncCheck", "PortCheck",
+           "ProcessGroupCheck", "SamplerCheck"]
 
-ALL = (EnvCheck, PortCheck, ProcessGroupCheck, SamplerCheck, ParamSyncCheck, BnSyncCheck)
+ALL = (EnvCheck, PortCheck, ProcessGroupCheck, CollectivesCheck, SamplerCheck, ParamSyncCheck, BnSyncCheck,
+       CollectivesBenchCheck)

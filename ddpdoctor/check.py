@@ -200,6 +200,7 @@ class Check:
         slow: slow checks run last and are listed as such.
         runs_in: ``"rank"`` (``run`` executes in every worker) or ``"supervisor"`` (the supervising
             process computes the outcome before the world forms, e.g. whether the port is free).
+        on_request: runs only when named (``--only``), never by default (e.g. the bench sweep).
     """
 
     name: ClassVar[str] = ""
@@ -207,6 +208,7 @@ class Check:
     requires: ClassVar[Requirements] = Requirements()
     slow: ClassVar[bool] = False
     runs_in: ClassVar[str] = "rank"
+    on_request: ClassVar[bool] = False
 
     @classmethod
     def prepare(cls, options: Mapping[str, Any]) -> None:
@@ -220,6 +222,11 @@ class Check:
     def merge(self, outcomes: Sequence[Outcome], world: WorldInfo) -> CheckResult:
         """Combine every rank's outcome; override to compare ranks (the default: worst wins)."""
         return merge_outcomes(self.name, outcomes)
+
+    def explain_trouble(self, result: CheckResult, store: Any, world: WorldInfo) -> CheckResult:
+        """Refine the result of a run with hung or dead ranks, e.g. with progress the ranks wrote to
+        the control ``store``; the default keeps the runner's report."""
+        return result
 
 
 @dataclass

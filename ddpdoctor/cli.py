@@ -79,22 +79,26 @@ def cli() -> None:
               help="Batch shape to feed --model [default: guessed from its first layer].")
 @click.option("--local", "mode", flag_value="local", help="Spawn a local world even under a launcher.")
 @click.option("--join", "mode", flag_value="join", help="Join the launcher's world (the default under one).")
+@click.option("--min-busbw", type=click.FloatRange(min=0), default=None, metavar="GBPS",
+              help="Fail the collectives check when a timed operation's busbw (GB/s) is below this.")
 @click.option("-v", "--verbose", is_flag=True, help="Show details and every rank's outcome.")
 def check(nproc: Optional[int], backend: Optional[str], master_addr: str, master_port: int, only: tuple,
           skip: tuple, timeout: float, json_path: Optional[str], strict: bool, model: Optional[str],
-          input_shape: Optional[str], mode: Optional[str], verbose: bool) -> int:
+          input_shape: Optional[str], mode: Optional[str], min_busbw: Optional[float], verbose: bool) -> int:
     """Run the checks on a local world, or join the world torchrun/srun/mpirun started."""
-    from .registry import all_checks
+    from .registry import all_checks, select_checks
     from .report import Style, TerminalProgress, footer
     from .runner import RunOptions, run_checks
 
     _quiet_logs()
     opts = RunOptions(nproc=nproc, backend=backend, master_addr=master_addr, master_port=master_port,
                       only=only, skip=skip, timeout=timeout, mode=mode or "auto", strict=strict,
-                      options={"model": model, "input_shape": input_shape})
+                      options={"model": model, "input_shape": input_shape, "min_busbw": min_busbw})
     out = sys.stdout
     style = Style.for_stream(out)
-    progress = TerminalProgress(out, style, verbose, [c.name for c in all_checks()])
+    names = [c.name for c in all_checks() if not c.on_request] + [c.name for c in select_checks(only, skip)
+                                                                  if c.on_request]
+    progress = TerminalProgress(out, style, verbose, names)
     outcome = run_checks(opts, progress)
     report = outcome.report
     if report is None:  # a non-reporting rank in joined mode
@@ -127,8 +131,42 @@ def list_checks() -> int:
     checks = all_checks()
     width = max(len(c.name) for c in checks)
     for c in checks:
-        click.echo(f"{c.name.ljust(width)}  {c.description}{' (slow)' if c.slow else ''}")
+        tags = "".join(t for t, on in ((" (slow)", c.slow), (" (on request)", c.on_request)) if on)
+        click.echo(f"{c.name.ljust(width)}  {c.description}{tags}")
     return ExitCode.OK
+
+
+@cli.command(epilog=EXIT_CODE_HELP)
+@click.option("--nproc", type=int, default=None, help="Ranks in a local world [default: one per GPU, else 2].")
+@click.option("--backend", type=click.Choice(["gloo", "nccl"]), default=None,
+              help="Backend under test [default: nccl with GPUs, else gloo].")
+@click.option("--master-addr", default="127.0.0.1", show_default=True, help="Rendezvous address (local mode).")
+@click.option("--master-port", type=click.IntRange(0, 65535), default=0, show_default=True,
+              help="Rendezvous port (local mode); 0 lets the OS pick a free one.")
+@click.option("--min-bytes", default="8", show_default=True, help="Smallest size (bytes; K/M/G suffixes).")
+@click.option("--max-bytes", default="16M", show_default=True, help="Largest size (bytes; K/M/G suffixes).")
+@click.option("--ops", multiple=True, metavar="NAMES",
+              help="Operations or families, comma-separated (all_reduce, broadcast, ...) [default: all].")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16", "int64"]), default="float32",
+              show_default=True)
+@click.option("--iters", type=click.IntRange(min=1), default=20, show_default=True, help="Timed calls per row.")
+@click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True, help="Untimed calls first.")
+@click.option("--timeout", type=float, default=600.0, show_default=True, help="Deadline for the sweep, seconds.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Also write the rows and the report as JSON to this path.")
+@click.option("--local", "mode", flag_value="local", help="Spawn a local world even under a launcher.")
+@click.option("--join", "mode", flag_value="join", help="Join the launcher's world (the default under one).")
+@click.option("-v", "--verbose", is_flag=True, help="Show per-rank times and every rank's outcome.")
+def bench(nproc: Optional[int], backend: Optional[str], master_addr: str, master_port: int, min_bytes: str,
+          max_bytes: str, ops: tuple, dtype: str, iters: int, warmup: int, timeout: float,
+          json_path: Optional[str], mode: Optional[str], verbose: bool) -> int:
+    """Sweep every collective over sizes and print an nccl-tests-like table (local or joined)."""
+    from .benchtable import run_bench
+
+    _quiet_logs()
+    return run_bench(nproc=nproc, backend=backend, master_addr=master_addr, master_port=master_port,
+                     min_bytes=min_bytes, max_bytes=max_bytes, ops=ops, dtype=dtype, iters=iters, warmup=warmup,
+                     timeout=timeout, json_path=json_path, mode=mode or "auto", verbose=verbose)
 
 
 @cli.command()

@@ -233,6 +233,7 @@ class Coordinator:
         try:
             if silent or dead:
                 result = _trouble_result(check, [got[r] for r in sorted(got)], silent, dead, self.world)
+                result = check.explain_trouble(result, self.channel.raw, self.world)
             else:
                 result = check.merge([got[r] for r in sorted(got)], self.world)
         except Exception as exc:  # noqa: BLE001 - a crashing merge is a result too

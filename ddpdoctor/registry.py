@@ -78,7 +78,8 @@ def select_checks(only: Optional[Sequence[str]] = None, skip: Optional[Sequence[
             hint = f"did you mean '{close[0]}'? " if close else ""
             raise UsageError("unknown-check", f"no check named '{name}'",
                              f"{hint}run 'ddpdoctor list' for the names")
-    chosen = [c for name, c in known.items() if (not wanted or name in wanted) and name not in unwanted]
+    chosen = [c for name, c in known.items()
+              if (name in wanted if wanted else not c.on_request) and name not in unwanted]
     if not chosen:
         raise UsageError("no-checks", "--only/--skip left no check to run", "run 'ddpdoctor list' for the names")
     return [c() for c in chosen]

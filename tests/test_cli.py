@@ -30,9 +30,9 @@ def test_check_passes_and_writes_versioned_json(cli_env, tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     lines = p.stdout.splitlines()
     assert lines[0] == "ddpdoctor 0.1.0: local world of 2 ranks (gloo) on 1 node"
-    names = ["env", "port", "process-group", "sampler", "param-sync", "bn-sync"]
-    assert [line.split()[0:2] for line in lines[1:7]] == [["[ok]", n] for n in names]
-    assert lines[-1].startswith("6 passed in ") and lines[-1].endswith("; exit 0")
+    names = ["env", "port", "process-group", "collectives", "sampler", "param-sync", "bn-sync"]
+    assert [line.split()[0:2] for line in lines[1:8]] == [["[ok]", n] for n in names]
+    assert lines[-1].startswith("7 passed in ") and lines[-1].endswith("; exit 0")
     assert "Traceback" not in p.stderr
     doc = json.loads(path.read_text())
     assert doc["schema"] == 1 and doc["status"] == "pass" and doc["exit_code"] == 0
@@ -79,7 +79,8 @@ def test_list_names_every_check(cli_env):
     p = run(["list"], cli_env)
     assert p.returncode == 0
     names = [line.split()[0] for line in p.stdout.splitlines()]
-    assert names == ["env", "port", "process-group", "sampler", "param-sync", "bn-sync"]
+    assert names == ["env", "port", "process-group", "collectives", "sampler", "param-sync", "bn-sync",
+                     "collectives-bench"]
 
 
 @pytest.mark.timeout(60)

@@ -26,9 +26,9 @@ def _run(**kw):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("nproc", [2, 3, 4])
 def test_healthy_world_passes_with_every_rank_reported(clean_launcher_env, nproc):
-    out, res = _run(nproc=nproc, timeout=20, only=["env", "port", "process-group"])
+    out, res = _run(nproc=nproc, timeout=20, only=["env", "port", "process-group", "collectives"])
     assert out.exit_code == 0
-    assert [r for r in res] == ["env", "port", "process-group"]
+    assert [r for r in res] == ["env", "port", "process-group", "collectives"]
     assert all(r.status == Status.PASS for r in res.values()), [r.summary for r in res.values()]
     pg = res["process-group"]
     assert sorted(o.rank for o in pg.outcomes) == list(range(nproc))

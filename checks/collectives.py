@@ -1,0 +1,451 @@
+"""Checks ``collectives`` and ``collectives-bench``: exact results on every rank, bandwidth, stragglers.
+
+``collectives`` (default, under a second on 2 CPU ranks) runs every operation a DDP job uses on
+rank-encoded data whose exact result is known: in float32 at three sizes (small, odd, and large
+enough to leave the small-message path), in every other dtype the backend supports at the odd size
+(all_reduce also at the large one); over the whole world and, when there are several nodes, within
+each node and across nodes separately, so a bad node or link is isolated. It then times the main
+operations at 1 MiB and reports nccl-tests' algbw and busbw, names a rank that is consistently late
+(a straggler) and, with ``--min-busbw``, fails when the bandwidth is below a floor.
+
+``collectives-bench`` (on request: ``ddpdoctor bench``) sweeps sizes from bytes to a maximum and
+prints a table like nccl-tests'.
+
+Test seams: :meth:`CollectivesCheck.collective` (runs one operation and records progress),
+:meth:`CollectivesCheck.received` (sees each result before it is compared) and
+:meth:`CollectivesCheck.arrive` (runs before each timed call); tests subclass the check and override
+them on one rank to skip, perturb or slow it. Production code has no fault hooks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import replace
+from typing import Any, Optional, Sequence
+
+from ddpdoctor.check import Check, CheckResult, RankContext, Requirements, WorldInfo
+from ddpdoctor.collectives import (DTYPES, OPS, Group, Step, bandwidth, build_step, compare, format_bytes,
+                                   render_table, select_ops, support, time_step, unsupported_reason)
+from ddpdoctor.result import Outcome, Status, format_ranks, merge_outcomes, rank_label
+
+__all__ = ["CollectivesCheck", "CollectivesBenchCheck", "bench_rows", "progress_key"]
+
+SIZES = (8, 1531, 65539)  # elements per rank: small, odd, large (256 KiB in float32: past NCCL's LL protocol)
+TIMED_COUNT = 262147  # elements per rank in the timed pass (1 MiB in float32)
+TIMED = ("all_reduce(sum)", "all_gather(tensor)", "reduce_scatter", "all_to_all", "broadcast(root=last)",
+         "send_recv(ring)")
+STRAGGLER_FLOOR_US = 2000.0  # a rank must be this much later than the median (or one call) to count
+
+WRONG_HINT = ("{ranks} received wrong data: rerun with NCCL_DEBUG=INFO, check that node's GPUs for ECC/Xid "
+              "errors (nvidia-smi -q -d ECC) and isolate the transport with NCCL_P2P_DISABLE=1 or "
+              "NCCL_SHM_DISABLE=1; exclude the node if it repeats")
+STRAGGLER_HINT = ("look at rank {rank}'s host: CPU or GPU contention (top, nvidia-smi), throttled clocks, "
+                  "a noisy neighbour; confirm with `ddpdoctor bench`")
+BUSBW_HINT = ("the interconnect is slower than --min-busbw: check the transport NCCL picked "
+              "(NCCL_DEBUG=INFO: NET/IB vs NET/Socket), NCCL_SOCKET_IFNAME/NCCL_IB_HCA, and run `ddpdoctor bench`")
+
+
+def progress_key(check: str, rank: int) -> str:
+    """Control-store key where ``rank`` records the last operation it entered (for hang reports)."""
+    return f"ddpdoctor/coll/progress/{check}/{rank}"
+
+
+class CollectivesCheck(Check):
+    """Every collective returns the exact result on every rank; bandwidth; stragglers."""
+
+    name = "collectives"
+    description = ("all_reduce/broadcast/all_gather/reduce_scatter/all_to_all/send-recv/barrier exact on every "
+                   "rank; busbw; stragglers")
+    requires = Requirements(min_world_size=2, process_group=True)
+    iters = 5
+    warmup = 2
+    _seq = 0  # operations entered on this rank, in run order (progress for hang reports)
+    _last = 0  # the last operation this rank finished
+
+    # -- seams ------------------------------------------------------------------------------------
+
+    def collective(self, ctx: RankContext, step: Step) -> None:
+        """Record that this rank entered ``step`` (control store), then run it once."""
+        self._seq += 1
+        self._record(ctx, step.label, step.group.label)
+        step.run()
+        self._last = self._seq
+
+    def received(self, ctx: RankContext, step: Step) -> None:
+        """Called with each result before it is compared (tests perturb it here)."""
+
+    def arrive(self, ctx: RankContext, step: Step) -> None:
+        """Called before each timed call, outside the timed window (tests slow a rank here)."""
+
+    # -- rank side --------------------------------------------------------------------------------
+
+    def _record(self, ctx: RankContext, op: str, group: str) -> None:
+        """Control store: this rank now enters operation number ``_seq`` (``prev``: the last it finished)."""
+        value = {"seq": self._seq, "prev": self._last, "op": op, "group": group}
+        ctx.store.set(progress_key(self.name, ctx.rank), json.dumps(value))
+
+    def cases(self, group: Group) -> list[tuple[str, str, int]]:
+        """(op, dtype, count) in run order. In the world: every op in float32 at all 3 sizes, in the
+        other dtypes at the odd size, and all_reduce(sum) at the large size in every dtype. In the
+        intra-/inter-node groups: float32 at the small and odd sizes."""
+        world = group.label == "world"
+        small, odd, large = SIZES
+        out = []
+        for op, family in OPS.items():
+            if family == "barrier":
+                out.append((op, "float32", 0))
+                continue
+            for dtype in DTYPES if world else ("float32",):
+                if dtype == "float32":
+                    counts = [small, odd, large] if world else [small, odd]
+                else:
+                    counts = [odd, large] if op == "all_reduce(sum)" else [odd]
+                out.extend((op, dtype, count) for count in counts)
+        return out
+
+    def run(self, ctx: RankContext) -> Outcome:
+        ctx.process_group()
+        self._seq = self._last = 0
+        world = Group(tuple(range(ctx.world_size)), ctx.rank)
+        found: dict[str, Any] = {"checked": 0, "wrong": [], "skipped": [], "timings": [], "groups": ["world"]}
+        self._correctness(ctx, world, self.cases(world), found)
+        for group in self._node_groups(ctx, found):
+            found["groups"].append(group.label)
+            self._correctness(ctx, group, self.cases(group), found)
+        self._timings(ctx, world, found)
+        if found["wrong"]:
+            first = found["wrong"][0]
+            return ctx.failed(_wrong_text(first, [ctx.rank]), hint=WRONG_HINT.format(ranks=f"rank {ctx.rank}"),
+                              finding="collective-wrong-result", data=found)
+        return ctx.passed(f"{found['checked']} results exact", data=found)
+
+    def _correctness(self, ctx: RankContext, group: Group, cases: Sequence[tuple[str, str, int]],
+                     found: dict) -> None:
+        for op, dtype, count in cases:
+            reason = support(ctx.backend, op, dtype, group.n)
+            if reason is None:
+                step = build_step(op, dtype, count, group, ctx.device)
+                try:
+                    self.collective(ctx, step)
+                except (RuntimeError, ValueError) as exc:
+                    reason = unsupported_reason(exc)
+                    if reason is None:
+                        raise
+            if reason is not None:
+                entry = f"{op} {dtype} ({group.label}): {reason}"
+                if entry not in found["skipped"]:
+                    found["skipped"].append(entry)
+                continue
+            self.received(ctx, step)
+            bad = compare(step)
+            found["checked"] += 1
+            if bad is not None:
+                found["wrong"].append({"seq": self._seq, "label": step.label, "group": group.label, "op": op,
+                                       "dtype": dtype, "count": count, **bad})
+
+    def _node_groups(self, ctx: RankContext, found: dict) -> list[Group]:
+        """This rank's intra-node and inter-node groups (created on every rank in the same order).
+
+        The option ``fake_local_world_size`` (testing aid) pretends that many ranks per node.
+        """
+        import torch.distributed as dist
+
+        n = ctx.world_size
+        fake = ctx.options.get("fake_local_world_size")
+        if fake:
+            nodes = [r // int(fake) for r in range(n)]
+        else:
+            hosts: list[Any] = [None] * n
+            self._seq += 1
+            self._record(ctx, "all_gather_object(hostnames)", "world")
+            dist.all_gather_object(hosts, ctx.hostname)
+            self._last = self._seq
+            order = list(dict.fromkeys(hosts))
+            nodes = [order.index(h) for h in hosts]
+        members: dict[int, list[int]] = {}
+        for r, node in enumerate(nodes):
+            members.setdefault(node, []).append(r)
+        found["nodes"] = len(members)
+        if len(members) < 2:
+            found["skipped"].append("intra-/inter-node passes: one node, no inter-node link to check")
+            return []
+        wanted: list[tuple[list[int], str]] = []
+        for node, ranks in sorted(members.items()):
+            wanted.append((ranks, f"intra-node (node {node}: ranks {format_ranks(ranks)})"))
+        for j in range(max(len(v) for v in members.values())):
+            ranks = [v[j] for _, v in sorted(members.items()) if len(v) > j]
+            wanted.append((ranks, f"inter-node (local rank {j}: ranks {format_ranks(ranks)})"))
+        groups = []
+        for ranks, label in wanted:
+            if len(ranks) < 2:
+                continue
+            pg = dist.new_group(ranks)
+            if ctx.rank in ranks:
+                groups.append(Group(tuple(ranks), ranks.index(ctx.rank), pg, label))
+        return groups
+
+    def _timings(self, ctx: RankContext, world: Group, found: dict) -> None:
+        for op in TIMED:
+            step = build_step(op, "float32", TIMED_COUNT, world, ctx.device)
+            self._seq += 1
+            self._record(ctx, step.label, "world, timed")
+            t = time_step(step, self.iters, self.warmup, lambda s: self.arrive(ctx, s), ctx.device)
+            self._last = self._seq
+            found["timings"].append({"op": op, "family": OPS[op], "dtype": step.dtype, "count": step.count,
+                                     "size": step.size_bytes, "elements": step.size_bytes // step.element_size,
+                                     **t})
+
+    # -- coordinator side -------------------------------------------------------------------------
+
+    def merge(self, outcomes: Sequence[Outcome], world: WorldInfo) -> CheckResult:
+        merged = merge_outcomes(self.name, outcomes)
+        data = {o.rank: o.data for o in outcomes if "checked" in o.data}
+        if len(data) != len(outcomes) or not data:
+            return merged
+        n = world.world_size
+        rows = bench_rows(outcomes, n)
+        details = (_wrong_lines(data) + render_table(rows) + _per_rank_lines(data)
+                   + [f"skipped: {s}" for s in _skips(data)])
+        base = dict(outcomes=merged.outcomes, duration=merged.duration, details=tuple(details))
+        verdict = _wrong_verdict(data) or _busbw_verdict(rows, world) or _straggler_verdict(data)
+        if verdict is not None:
+            status, summary, hint, finding, ranks = verdict
+            return CheckResult(self.name, status, summary, hint=hint, finding=finding, ranks=ranks, **base)
+        return CheckResult(self.name, merged.status, self._pass_summary(data, rows, n), **base)
+
+    def _pass_summary(self, data: dict, rows: list[dict], n: int) -> str:
+        any_rank = data[min(data)]
+        checked = sum(d["checked"] for d in data.values())
+        skipped = len(_skips(data))
+        where = "every rank" + (f", within and across {any_rank.get('nodes', 1)} nodes"
+                                if any_rank.get("nodes", 1) > 1 else "")
+        text = f"{checked} results exact on {where} ({n} ranks"
+        text += f", {skipped} skipped)" if skipped else ")"
+        ar = next((r for r in rows if r["op"] == "all_reduce(sum)"), None)
+        if ar is not None:
+            text += f"; all_reduce busbw {ar['busbw']:.2f} GB/s at {format_bytes(ar['size'])}"
+        return text
+
+    def explain_trouble(self, result: CheckResult, store: Any, world: WorldInfo) -> CheckResult:
+        """Add which ranks never reached which operation, from the progress each rank recorded."""
+        progress: dict[int, dict] = {}
+        try:
+            for r in range(world.world_size):
+                key = progress_key(self.name, r)
+                if store.check([key]):
+                    progress[r] = json.loads(store.get(key))
+        except Exception:  # noqa: BLE001 - the plain hang report is still right
+            return result
+        if not progress:
+            return result
+        labels = {p["seq"]: p["op"] for p in progress.values()}
+        skipped = [f"rank {r} skipped " + ", ".join(f"#{k}" + (f" {labels[k]}" if k in labels else "")
+                                                   for k in range(p.get("prev", p["seq"] - 1) + 1, p["seq"]))
+                   for r, p in sorted(progress.items()) if p.get("prev", p["seq"] - 1) < p["seq"] - 1]
+        furthest = max(p["seq"] for p in progress.values())
+        ahead = sorted(r for r, p in progress.items() if p["seq"] == furthest)
+        behind: dict[str, list[int]] = {}
+        for r in range(world.world_size):
+            if r in ahead:
+                continue
+            p = progress.get(r)
+            last = f"last entered #{p['seq']} {p['op']}" if p else "entered no collective"
+            behind.setdefault(last, []).append(r)
+        if not behind and not skipped:
+            return result
+        top = progress[ahead[0]]
+        parts = skipped + [f"{rank_label(rs)} never reached #{furthest} {top['op']} in {top['group']} ({last})"
+                 for last, rs in behind.items()]
+        if behind:
+            parts.append(f"{rank_label(ahead)} entered it")
+        lines = tuple(f"progress: rank {r}: #{p['seq']} {p['op']} ({p['group']})" for r, p in sorted(progress.items()))
+        return replace(result, summary="; ".join(parts) + "; " + result.summary, details=result.details + lines)
+
+
+class CollectivesBenchCheck(CollectivesCheck):
+    """The full sweep for ``ddpdoctor bench``: sizes from bytes to a maximum, every operation."""
+
+    name = "collectives-bench"
+    description = "nccl-tests-like sweep of every collective over sizes (ddpdoctor bench)"
+    slow = True
+    on_request = True
+
+    def run(self, ctx: RankContext) -> Outcome:
+        ctx.process_group()
+        self._seq = self._last = 0
+        opts = dict(ctx.options.get("bench") or {})
+        ops = select_ops(opts.get("ops") or [op for op in OPS if op != "barrier"])
+        dtype = opts.get("dtype", "float32")
+        iters, warmup = int(opts.get("iters", 20)), int(opts.get("warmup", 5))
+        world = Group(tuple(range(ctx.world_size)), ctx.rank)
+        found: dict[str, Any] = {"checked": 0, "wrong": [], "skipped": [], "timings": [], "groups": ["world"]}
+        for size in _sizes(int(opts.get("min_bytes", 8)), int(opts.get("max_bytes", 16 << 20))):
+            for op in ops:
+                self._bench_one(ctx, world, op, dtype, size, iters, warmup, found)
+        if found["wrong"]:
+            return ctx.failed(_wrong_text(found["wrong"][0], [ctx.rank]), finding="collective-wrong-result",
+                              hint=WRONG_HINT.format(ranks=f"rank {ctx.rank}"), data=found)
+        return ctx.passed(f"{len(found['timings'])} rows", data=found)
+
+    def _bench_one(self, ctx: RankContext, world: Group, op: str, dtype: str, size: int, iters: int,
+                   warmup: int, found: dict) -> None:
+        reason = support(ctx.backend, op, dtype, world.n)
+        if reason is not None:
+            if f"{op} {dtype}: {reason}" not in found["skipped"]:
+                found["skipped"].append(f"{op} {dtype}: {reason}")
+            return
+        probe = build_step(op, dtype, 1, world, "cpu")
+        whole = OPS[op] in ("all_gather", "reduce_scatter", "all_to_all")
+        count = size // (probe.element_size * (world.n if whole else 1))
+        if count < 1 and OPS[op] != "barrier":
+            return
+        step = build_step(op, dtype, count, world, ctx.device)
+        self.collective(ctx, step)
+        self.received(ctx, step)
+        bad = compare(step)
+        found["checked"] += 1
+        if bad is not None:
+            found["wrong"].append({"seq": self._seq, "label": step.label, "group": "world", "op": op,
+                                   "dtype": dtype, "count": count, **bad})
+        t = time_step(step, iters, warmup, lambda s: self.arrive(ctx, s), ctx.device)
+        found["timings"].append({"op": op, "family": OPS[op], "dtype": dtype, "count": count,
+                                 "size": step.size_bytes, "elements": step.size_bytes // step.element_size,
+                                 "wrong": bad["wrong"] if bad else 0, **t})
+
+    def merge(self, outcomes: Sequence[Outcome], world: WorldInfo) -> CheckResult:
+        result = super().merge(outcomes, world)
+        rows = bench_rows(outcomes, world.world_size)
+        if result.status == Status.PASS and rows:
+            peak = max((r for r in rows if r["op"] == "all_reduce(sum)"), key=lambda r: r["busbw"], default=None)
+            avg = statistics.mean(r["busbw"] for r in rows if r["family"] != "barrier") if any(
+                r["family"] != "barrier" for r in rows) else 0.0
+            text = f"{len(rows)} rows exact on every rank; avg busbw {avg:.3f} GB/s"
+            if peak is not None:
+                text += f"; peak all_reduce busbw {peak['busbw']:.3f} GB/s at {format_bytes(peak['size'])}"
+            result = replace(result, summary=text)
+        return result
+
+
+def _sizes(lo: int, hi: int) -> list[int]:
+    """Powers of two from ``lo`` to ``hi`` bytes (nccl-tests' ``-b lo -e hi -f 2``)."""
+    out, size = [], max(1, lo)
+    while size <= hi:
+        out.append(size)
+        size *= 2
+    return out
+
+
+def bench_rows(outcomes: Sequence[Outcome], n: int) -> list[dict]:
+    """One row per timed case: the time averaged over ranks (as nccl-tests), algbw, busbw, wrong count,
+    and each rank's own time and lag."""
+    per_rank = {o.rank: o.data.get("timings", []) for o in outcomes}
+    if not per_rank or not all(per_rank.values()):
+        return []
+    first = per_rank[min(per_rank)]
+    rows = []
+    for i, case in enumerate(first):
+        times = {r: t[i]["time_us"] for r, t in per_rank.items() if len(t) > i}
+        lags = {r: t[i]["lag_us"] for r, t in per_rank.items() if len(t) > i}
+        mean = statistics.mean(times.values())
+        algbw, busbw = bandwidth(case["size"], mean, case["family"], n)
+        rows.append({"size": case["size"], "count": case["elements"], "dtype": case["dtype"], "op": case["op"],
+                     "family": case["family"], "time_us": mean, "algbw": algbw, "busbw": busbw,
+                     "wrong": sum(t[i].get("wrong", 0) for t in per_rank.values() if len(t) > i),
+                     "rank_time_us": {str(r): round(v, 2) for r, v in sorted(times.items())},
+                     "rank_lag_us": {str(r): round(v, 2) for r, v in sorted(lags.items())}})
+    return rows
+
+
+def _skips(data: dict) -> list[str]:
+    out: list[str] = []
+    for d in data.values():
+        out.extend(s for s in d["skipped"] if s not in out)
+    return out
+
+
+def _per_rank_lines(data: dict) -> list[str]:
+    ranks = sorted(data)
+    lines = []
+    for i, case in enumerate(data[ranks[0]]["timings"]):
+        times = " ".join(f"r{r}={data[r]['timings'][i]['time_us']:.0f}" for r in ranks)
+        lags = " ".join(f"r{r}={data[r]['timings'][i]['lag_us']:.0f}" for r in ranks)
+        lines.append(f"{case['op']}: per-rank time us {times}; lag us {lags}")
+    return lines
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _wrong_text(entry: dict, ranks: Sequence[int]) -> str:
+    return (f"{entry['label']} wrong on {rank_label(ranks)} ({entry['group']}): first wrong index "
+            f"{entry['index']}: expected {_fmt(entry['expected'])}, got {_fmt(entry['actual'])} "
+            f"({entry['wrong']} of {entry['of']} elements wrong)")
+
+
+def _wrong_lines(data: dict) -> list[str]:
+    """Every wrong result, one line per rank and operation, in run order."""
+    entries = sorted((w["seq"], r, w) for r, d in data.items() for w in d["wrong"])
+    return [f"wrong: {_wrong_text(w, [r])}" for _, r, w in entries]
+
+
+def _wrong_verdict(data: dict) -> Optional[tuple]:
+    cases: dict[tuple, dict[int, dict]] = {}
+    for r, d in sorted(data.items()):
+        for w in d["wrong"]:
+            cases.setdefault((w["seq"], w["label"], w["group"]), {})[r] = w
+    if not cases:
+        return None
+    first = min(cases)
+    ranks = sorted(cases[first])
+    summary = _wrong_text(cases[first][ranks[0]], ranks)
+    if len(cases) > 1:
+        summary += f" (+{len(cases) - 1} more wrong operation{'s' if len(cases) > 2 else ''})"
+    every = sorted({r for by_rank in cases.values() for r in by_rank})
+    return (Status.FAIL, summary, WRONG_HINT.format(ranks=rank_label(every)), "collective-wrong-result",
+            tuple(every))
+
+
+def _busbw_verdict(rows: Sequence[dict], world: WorldInfo) -> Optional[tuple]:
+    floor = world.options.get("min_busbw")
+    if floor is None:
+        return None
+    low = [r for r in rows if r["family"] != "barrier" and r["busbw"] < float(floor)]
+    if not low:
+        return None
+    worst = min(low, key=lambda r: r["busbw"])
+    summary = (f"busbw below --min-busbw {float(floor):g} GB/s: {worst['op']} {worst['busbw']:.3f} GB/s at "
+               f"{format_bytes(worst['size'])}")
+    if len(low) > 1:
+        summary += f" (+{len(low) - 1} more operation{'s' if len(low) > 2 else ''} below)"
+    return Status.FAIL, summary, BUSBW_HINT, "busbw-below-minimum", ()
+
+
+def _straggler_verdict(data: dict) -> Optional[tuple]:
+    """A rank that reaches the timed collectives late in most timed operations (the others wait)."""
+    ranks = sorted(data)
+    cases = len(data[ranks[0]]["timings"])
+    if cases == 0 or len(ranks) < 2:
+        return None
+    late: dict[int, list[tuple[float, float]]] = {}
+    for i in range(cases):
+        lags = {r: data[r]["timings"][i]["lag_us"] for r in ranks}
+        fastest_call = min(data[r]["timings"][i]["time_us"] for r in ranks)
+        median = statistics.median(lags.values())
+        for r, lag in lags.items():
+            if lag > median + max(STRAGGLER_FLOOR_US, fastest_call):
+                late.setdefault(r, []).append((lag, median))
+    needed = max(1, math.ceil(2 * cases / 3))
+    slow = sorted(r for r, hits in late.items() if len(hits) >= needed)
+    if not slow:
+        return None
+    r = max(slow, key=lambda k: statistics.mean(lag for lag, _ in late[k]))
+    lag = statistics.mean(x for x, _ in late[r]) / 1000
+    median = statistics.mean(m for _, m in late[r]) / 1000
+    summary = (f"rank {r} is a straggler: it reaches each collective {lag:.1f} ms after the iteration starts "
+               f"(median rank {median:.1f} ms) in {len(late[r])}/{cases} timed operations; the others wait for it")
+    if len(slow) > 1:
+        summary += f" (also late: {rank_label([s for s in slow if s != r])})"
+    return Status.WARN, summary, STRAGGLER_HINT.format(rank=r), "collective-straggler", tuple(slow)
