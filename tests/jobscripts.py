@@ -35,8 +35,12 @@ def train():
             raise RuntimeError("boom on rank 1")  # MARK:raise
         if mode == "sigkill" and rank == 1 and step == 3:
             os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "skip" and rank == 1 and step == 3:
+            continue
         dist.all_reduce(t)  # MARK:all_reduce
         time.sleep(0.01)
+    if mode == "skip":
+        dist.barrier()  # MARK:barrier
     print(f"rank {rank} done {t[0].item()}", flush=True)
 
 
