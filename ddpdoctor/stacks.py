@@ -72,6 +72,7 @@ class StackReading:
     stack: str = ""
     error: str = ""
     place: str = field(default="")
+    note: str = ""
 
 
 def _int(value: Optional[str]) -> Optional[int]:
@@ -243,7 +244,7 @@ def read_stack(proc: RankProcess, wait: float = 3.0) -> StackReading:
     if path:
         text, err = _read_handler(proc, path, wait)
         if text:
-            return StackReading(proc, "handler", text, place=where_hung(text))
+            return StackReading(proc, "handler", text, place=where_hung(text), note="; ".join(errors))
         errors.append(err)
     else:
         errors.append("not started under 'ddpdoctor run' (no in-process handler)")
@@ -312,6 +313,9 @@ def render_groups(readings: Sequence[StackReading]) -> list:
     names = {"py-spy": "py-spy dump", "handler": "the in-process handler (faulthandler)"}
     if methods:
         lines.append("stacks read with " + " and ".join(names[m] for m in methods))
+    notes = sorted({r.note.splitlines()[0] for r in readings if r.note})
+    if notes:
+        lines.append("py-spy could not be used here (" + notes[0][:120] + "); fell back to the handler")
     for r in readings:
         if r.method == "none":
             lines.append(f"{r.proc.label} (pid {r.proc.pid}): no stack: {r.error}")
