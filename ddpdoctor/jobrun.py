@@ -301,6 +301,7 @@ def run_job(spec: RunSpec) -> int:
 
     run_dir, inject = _prepare_dir(spec)
     env = job_env(run_dir, inject, dict(os.environ))
+    env.setdefault("DDPDOCTOR_BEAT_S", f"{max(0.05, min(1.0, spec.hang_timeout / 10)):g}")
     tee = _Tee(os.path.join(run_dir, "output.log"))
     try:
         proc = subprocess.Popen(spec.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -325,8 +326,13 @@ def run_job(spec: RunSpec) -> int:
         last_progress = last = time.monotonic()
         out_bytes = 0
         deaths_seen = 0
+        poll = max(POLL, min(1.0, spec.hang_timeout / 20))
         while proc.poll() is None:
-            time.sleep(POLL)
+            try:
+                proc.wait(timeout=poll)
+                break
+            except subprocess.TimeoutExpired:
+                pass
             now = time.monotonic()
             watch.discover()
             moved = watch.progressed(now - last)
