@@ -251,17 +251,27 @@ def _stop(proc: subprocess.Popen, watch: _Watch, grace: float) -> None:
     proc.wait()
 
 
-def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, headline: str, with_stacks: bool) -> list:
+def _read_live(watch: _Watch, run_dir: str, wait: float, only_read: bool = False) -> list:
+    from .stacks import RankProcess, read_stacks
+
+    live = [r for r in watch.rank_procs() if r.alive and psutil.pid_exists(r.pid) and not _zombie(r.pid)]
+    readings = read_stacks([RankProcess(r.pid, r.rank, run_dir=run_dir) for r in live], wait)
+    return [r for r in readings if r.stack or not only_read]
+
+
+def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, headline: str, with_stacks: bool,
+             readings: Optional[list] = None) -> list:
     """Grouped stacks (when asked) and what explain makes of the log; saved in the run directory."""
     from .explain import explain_text, first_failure, render_matches
-    from .stacks import RankProcess, read_stacks, render_groups
+    from .stacks import render_groups
 
     lines = [f"ddpdoctor run: {headline}"]
-    readings = []
+    readings = list(readings or [])
     if with_stacks:
-        live = [r for r in watch.rank_procs() if r.alive and psutil.pid_exists(r.pid)]
-        procs = [RankProcess(r.pid, r.rank, run_dir=run_dir) for r in live]
-        readings = read_stacks(procs, spec.stack_wait)
+        readings = _read_live(watch, run_dir, spec.stack_wait)
+    if readings:
+        if not with_stacks:
+            lines.append("  where the other ranks were when the first one died:")
         lines += ["  " + line for line in render_groups(readings)]
     for r in watch.deaths:
         lines.append(f"  rank {r.rank if r.rank is not None else '?'} (pid {r.pid}) died")
@@ -326,6 +336,7 @@ def run_job(spec: RunSpec) -> int:
         last_progress = last = time.monotonic()
         out_bytes = 0
         deaths_seen = 0
+        snapshot: list = []
         poll = max(POLL, min(1.0, spec.hang_timeout / 20))
         while proc.poll() is None:
             try:
@@ -343,6 +354,8 @@ def run_job(spec: RunSpec) -> int:
                 last_progress = now
             if len(watch.deaths) > deaths_seen:
                 deaths_seen = len(watch.deaths)
+                if not snapshot:  # where the survivors were when a rank died (before torchrun stops them)
+                    snapshot = _read_live(watch, run_dir, wait=1.0, only_read=True)
             if not hung and not forwarded and watch.ranks and now - last_progress >= spec.hang_timeout:
                 hung = True
                 lines = _verdict(spec, run_dir, watch,
@@ -364,7 +377,7 @@ def run_job(spec: RunSpec) -> int:
     if hung and not spec.keep_hung:
         return ExitCode.HUNG
     if code != 0 and not forwarded and not hung:
-        _say(spec, _verdict(spec, run_dir, watch, f"the job failed (exit {code})", False))
+        _say(spec, _verdict(spec, run_dir, watch, f"the job failed (exit {code})", False, snapshot))
     return code
 
 
