@@ -144,7 +144,8 @@ CAUSES: tuple = (
           (r"Expected to have finished reduction in the prior iteration",),
           "Some parameters got no gradient in the last iteration (a branch not taken, a frozen head, an "
           "output not used in the loss), so DDP's reduction never finished.",
-          "rerun with TORCH_DISTRIBUTED_DEBUG=INFO: the error then names the parameters",
+          "ddpdoctor check --only param-sync (names unused parameters), or rerun with "
+          "TORCH_DISTRIBUTED_DEBUG=INFO: the error then names them",
           "use every output in the loss, or pass find_unused_parameters=True to DistributedDataParallel "
           "(or static_graph=True when the set of unused parameters never changes)"),
     Cause("ddp-model-mismatch", "DDP saw different models (or a stuck rank)",
@@ -170,7 +171,8 @@ CAUSES: tuple = (
            r"SyncBatchNorm number of input channels should be non-zero"),
           "SyncBatchNorm synchronizes statistics only for GPU (or XPU) tensors in a process group of two "
           "or more ranks; on CPU with gloo it refuses.",
-          "ddpdoctor check --only env (devices per rank)",
+          "ddpdoctor check --only env (devices per rank); ddpdoctor check --only bn-sync (how far plain "
+          "BatchNorm statistics drift across ranks)",
           "on CPU keep plain BatchNorm (skip nn.SyncBatchNorm.convert_sync_batchnorm), or move the model "
           "to GPUs with the nccl backend"),
     Cause("cuda-oom-gpu0", "CUDA out of memory on GPU 0",
