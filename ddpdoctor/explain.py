@@ -65,11 +65,11 @@ class Match:
     @property
     def fix(self) -> str:
         if self.cause.id == "killed-by-signal" and self.extra:
-            return self.cause.fix + "; " + self._signal_fix()
+            return self._signal_fix()
         return self.cause.fix
 
     def _signal_fix(self) -> str:
-        name = self.extra.split()[0] if self.extra else ""
+        name = self.extra.split()[0].rstrip(".") if self.extra else ""
         try:
             return signal_hint(int(signal.Signals[name]))
         except KeyError:
@@ -196,7 +196,7 @@ CAUSES: tuple = (
            r"(SIG[A-Z]+) received by PID \d+"),
           "A rank process ended by a signal, not an exception.",
           "dmesg | grep -i -e oom -e killed (SIGKILL); ddpdoctor check --only env (memory, /dev/shm)",
-          "find who sent it"),
+          "find who sent the signal: SIGKILL is often the kernel's OOM killer (dmesg | grep -i oom)"),
 )
 
 _PREFIX = re.compile(r"^\s*\[(?:rank|default|Rank )(\d+)\]:?")

@@ -86,7 +86,7 @@ def test_rank_killed_by_sigkill_is_named(cli_env, tmp_path):
 
 @pytest.mark.timeout(120)
 def test_healthy_job_is_untouched_and_its_output_teed(cli_env, tmp_path):
-    p, run_dir, _ = ddprun(tmp_path, cli_env, "train", hang=2, steps="5")
+    p, run_dir, _ = ddprun(tmp_path, cli_env, "train", hang=5, steps="5")
     assert p.returncode == 0, p.stderr[-3000:]
     assert "rank 0 done 32.0" in p.stdout and "rank 1 done 32.0" in p.stdout
     assert "ddpdoctor run:" not in p.stderr
