@@ -31,11 +31,11 @@ def _ddpdoctor_is_rank():
 
 
 def _ddpdoctor_install():
+    import atexit
     import faulthandler
     import json
     import signal
     import threading
-    import time
 
     run_dir = os.environ["DDPDOCTOR_RUN_DIR"]
     pid = os.getpid()
@@ -47,9 +47,11 @@ def _ddpdoctor_install():
     interval = float(os.environ.get("DDPDOCTOR_BEAT_S", "1.0"))
     main_id = threading.main_thread().ident
 
+    stop = threading.Event()
+
     def beat():
         last, count = None, 0
-        while True:
+        while not stop.wait(interval):
             frame = sys._current_frames().get(main_id)
             if frame is None:
                 return
@@ -59,9 +61,15 @@ def _ddpdoctor_install():
             if here != last:
                 last, count = here, count + 1
                 os.pwrite(beat_fd, b"%012d\n" % count, 0)
-            time.sleep(interval)
 
-    threading.Thread(target=beat, name="ddpdoctor-heartbeat", daemon=True).start()
+    thread = threading.Thread(target=beat, name="ddpdoctor-heartbeat", daemon=True)
+    thread.start()
+
+    def finish():  # end the thread before the interpreter finalizes (no daemon thread at teardown)
+        stop.set()
+        thread.join(timeout=2)
+
+    atexit.register(finish)
     info = {"pid": pid, "ppid": os.getppid(), "rank": os.environ.get("RANK"),
             "local_rank": os.environ.get("LOCAL_RANK"), "argv": list(getattr(sys, "argv", []) or []),
             "signal": signame, "main_thread": main_id, "stack_file": stack_file.name, "beat_file": beat_path}
