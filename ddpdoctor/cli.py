@@ -192,6 +192,43 @@ def env(as_json: bool) -> int:
     return ExitCode.OK
 
 
+@cli.command()
+@click.argument("text", nargs=-1)
+@click.option("--log", "log_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Read a job log (several ranks interleaved is fine).")
+@click.option("--json", "as_json", is_flag=True, help="Print the causes as JSON.")
+def explain(text: tuple, log_path: Optional[str], as_json: bool) -> int:
+    """Name the known causes in an error message or job log (TEXT, --log FILE, or - for stdin)."""
+    from .explain import explain_command
+
+    return explain_command(text, log_path, as_json)
+
+
+@cli.command()
+@click.argument("pids", nargs=-1, type=int)
+@click.option("--wait", type=float, default=3.0, show_default=True, help="Seconds to wait for each stack.")
+def stacks(pids: tuple, wait: float) -> int:
+    """Print every rank's Python stack, grouped by place (PIDS: a torchrun agent or the ranks; none: find them)."""
+    from .stacks import stacks_command
+
+    return stacks_command(pids, wait)
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--hang-timeout", type=float, default=300.0, show_default=True,
+              help="Seconds without progress on any rank before the job counts as hung.")
+@click.option("--dir", "run_dir", type=click.Path(file_okay=False), default=None,
+              help="Where to save output, stacks and verdict [default: ./ddpdoctor-run-<time>].")
+@click.option("--keep-hung", is_flag=True, help="After reporting a hang, leave the job running.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run(hang_timeout: float, run_dir: Optional[str], keep_hung: bool, command: tuple) -> int:
+    """Run a training command (after --) and explain it if it hangs or dies."""
+    from .jobrun import RunSpec, run_job
+
+    return run_job(RunSpec(command=list(command), hang_timeout=hang_timeout, run_dir=run_dir,
+                           keep_hung=keep_hung))
+
+
 def _quiet_logs() -> None:
     logging.basicConfig(level=logging.WARNING, format="ddpdoctor: %(message)s")
 

@@ -15,16 +15,19 @@ class ExitCode(enum.IntEnum):
     USAGE: the command line or the launcher environment is wrong; nothing was checked.
     INTERNAL: ddpdoctor itself broke; please report it.
     INTERRUPTED: Ctrl-C or SIGTERM; a partial report was printed.
+    HUNG: ``ddpdoctor run`` found the job hung (no rank made progress for --hang-timeout seconds).
     """
 
     OK = 0
     CHECK_FAILED = 1
     USAGE = 2
     INTERNAL = 3
+    HUNG = 124
     INTERRUPTED = 130
 
 
 EXIT_CODE_HELP = (
     "Exit codes: 0 nothing worse than a warning; 1 a check failed, timed out or crashed "
-    "(--strict: or warned); 2 usage error; 3 internal error; 130 interrupted."
+    "(--strict: or warned); 2 usage error; 3 internal error; 130 interrupted; "
+    "'run' exits with the job's own code, or 124 when the job hung."
 )

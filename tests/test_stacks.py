@@ -1,0 +1,127 @@
+"""``ddpdoctor stacks``: find a live job's ranks, read their stacks without stopping them, group them."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+import ddpdoctor
+from ddpdoctor.coordinator import where_hung
+from ddpdoctor.stacks import RankProcess, StackReading, pyspy_to_faulthandler, render_groups
+from jobscripts import line_of, torchrun, write_train
+
+CMD = [sys.executable, "-m", "ddpdoctor"]
+INJECT = os.path.join(os.path.dirname(ddpdoctor.__file__), "inject", "sitecustomize.py")
+
+PYSPY_DUMP = """Process 4242: python train.py hang
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 4250 (idle): "ddpdoctor-heartbeat"
+    beat (/tmp/run/.inject/sitecustomize.py:62)
+Thread 4242 (idle): "MainThread"
+    all_reduce (/usr/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py:3252)
+    wrapper (/usr/lib/python3.11/site-packages/torch/distributed/c10d_logger.py:83)
+    step (/home/me/proj/train.py:88)
+    <module> (/home/me/proj/train.py:120)
+"""
+
+
+@pytest.mark.timeout(10)
+def test_pyspy_dump_is_read_like_faulthandler():
+    assert where_hung(pyspy_to_faulthandler(PYSPY_DUMP)) == "all_reduce, called from step (proj/train.py:88)"
+
+
+def _reading(rank, place, collective):
+    stack = 'File "/x/torch/distributed/distributed_c10d.py", line 1 in all_reduce' if collective else "x"
+    return StackReading(RankProcess(100 + rank, rank), "handler", stack, place=place)
+
+
+@pytest.mark.timeout(10)
+def test_grouping_names_the_odd_one_out():
+    lines = render_groups([_reading(0, "all_reduce at a", True), _reading(2, "all_reduce at a", True),
+                           _reading(3, "all_reduce at a", True), _reading(1, "read (dataset.py:40)", False)])
+    assert lines[0] == "ranks 0,2-3: all_reduce at a"
+    assert lines[1] == "rank 1:      read (dataset.py:40)   <- the odd one out"
+    # two ranks, both in a collective: no odd one by count or by place
+    lines = render_groups([_reading(0, "all_reduce at a", True), _reading(1, "barrier at b", True)])
+    assert not any("odd one" in line for line in lines)
+
+
+@pytest.fixture
+def job_with_handler(cli_env, tmp_path):
+    """A 3-rank torchrun job where rank 1 skipped an all_reduce, started with the injected handler."""
+    run_dir = tmp_path / "run"
+    inject = run_dir / ".inject"
+    inject.mkdir(parents=True)
+    shutil.copy(INJECT, inject)
+    env = {**cli_env, "PYTHONPATH": f"{inject}{os.pathsep}{cli_env['PYTHONPATH']}", "DDPDOCTOR_RUN_DIR": str(run_dir),
+           "DDPDOCTOR_BEAT_S": "0.2"}
+    script = write_train(tmp_path)
+    proc = subprocess.Popen(torchrun(script, "skip", "10", nproc=3), env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    pids = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(pids) < 3:
+            pids = [int(os.path.basename(p)[5:-5]) for p in glob.glob(str(run_dir / "proc-*.json"))]
+            time.sleep(0.2)
+        assert len(pids) == 3
+        yield proc, pids, script, env
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        proc.wait()
+        psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=10)
+
+
+@pytest.mark.timeout(120)
+def test_stacks_of_a_live_torchrun_job(job_with_handler, cli_env):
+    proc, pids, script, env = job_with_handler
+    deadline = time.monotonic() + 60
+    while True:  # the ranks may still be importing torch on a busy machine: ask until they hang
+        p = subprocess.run(CMD + ["stacks", str(proc.pid)], env={**cli_env, "DDPDOCTOR_STACKS_METHOD": "handler"},
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stdout + p.stderr
+        if "barrier" in p.stdout or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    lines = p.stdout.splitlines()
+    name = "/".join(script.split("/")[-2:])
+    assert lines[0] == "ddpdoctor stacks: 3 rank processes"
+    assert lines[1] == f"ranks 0,2: all_reduce, called from train ({name}:{line_of('all_reduce')})"
+    assert lines[2] == f"rank 1:    barrier, called from train ({name}:{line_of('barrier')})   <- the odd one out"
+    assert lines[3] == "stacks read with the in-process handler (faulthandler)"
+    assert proc.poll() is None and all(psutil.pid_exists(p) for p in pids)  # the job was not stopped
+
+
+@pytest.mark.timeout(60)
+def test_a_process_without_handler_is_never_signalled(cli_env):
+    env = {**cli_env, "RANK": "0", "LOCAL_RANK": "0", "DDPDOCTOR_STACKS_METHOD": "handler"}
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        time.sleep(0.3)
+        p = subprocess.run(CMD + ["stacks", str(sleeper.pid)], env=env, capture_output=True, text=True, timeout=30)
+        assert p.returncode == 1
+        assert "rank 0 (pid %d): no stack: not started under 'ddpdoctor run'" % sleeper.pid in p.stdout
+        assert sleeper.poll() is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+@pytest.mark.timeout(30)
+def test_unknown_pid_is_a_usage_error(cli_env):
+    p = subprocess.run(CMD + ["stacks", "999999999"], env=cli_env, capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and p.stderr.startswith("error[no-such-pid]: no process with PID 999999999")
