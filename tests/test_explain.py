@@ -26,7 +26,7 @@ SNIPPETS = {
         "dist.TCPStore('127.0.0.1', port, 1, True, timeout=datetime.timedelta(seconds=2))\n"),
     "connect-timeout": (
         "import datetime, torch.distributed as dist\n"
-        f"dist.TCPStore('127.0.0.1', {{port}}, 2, False, timeout=datetime.timedelta(seconds=1))\n"),
+        "dist.TCPStore('127.0.0.1', {port}, 2, False, timeout=datetime.timedelta(seconds=1))\n"),
 }
 
 
