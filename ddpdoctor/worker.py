@@ -97,6 +97,11 @@ def _prepare(spec: WorkerSpec) -> Any:
     faulthandler.enable(file=log, all_threads=True)
     faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True, chain=False)
     os.environ.update(spec.env)
+    # Ranks share the node's cores, and an OpenMP pool inherited through fork can deadlock the
+    # first parallel op: one intra-op thread per rank (the checks' tensors are small).
+    import torch
+
+    torch.set_num_threads(1)
     from . import nvml
 
     nvml.forget()  # NVML state is per process: never use the supervisor's handle after fork
