@@ -96,4 +96,4 @@ class BnSyncCheck(ModelCheck):
                               details=details, data=data)
         if worst == 0.0:
             summary += " (identical data on every rank?)"
-        return ctx.passed(f"{summary}; sync_bn_stats equalized them: {FIX}", details=details, data=data)
+        return ctx.passed(f"{summary}; sync_bn_stats equalized them", hint=FIX, details=details, data=data)

@@ -23,8 +23,7 @@ from ddpdoctor.sampler_guard import SamplerEpochWarning, guard_sampler
 
 __all__ = ["SamplerCheck"]
 
-PITFALL = ("without sampler.set_epoch(epoch) a shuffling DistributedSampler repeats the same order "
-           "every epoch")
+PITFALL = "without sampler.set_epoch(epoch) the shuffled order repeats every epoch"
 FIX = "call sampler.set_epoch(epoch) at the start of every epoch, before iterating the DataLoader"
 
 
@@ -137,5 +136,5 @@ class SamplerCheck(Check):
             return ctx.failed(summary, hint=hint, finding=finding, details=details, data=data)
         summary = (f"{n} samples over {world} ranks: shards disjoint and complete ({padding} padding "
                    f"duplicate{'s' if padding != 1 else ''}, drop_last drops {d_missed}), same seed; "
-                   f"{PITFALL}: {FIX}")
-        return ctx.passed(summary, details=details, data=data)
+                   f"{PITFALL}")
+        return ctx.passed(summary, hint=FIX, details=details, data=data)

@@ -173,8 +173,10 @@ class RankContext:
         return dist.group.WORLD
 
     # Outcome builders, so checks read as sentences.
-    def passed(self, summary: str, *, details: Sequence[str] = (), data: Optional[Mapping[str, Any]] = None) -> Outcome:
-        return Outcome(self.rank, Status.PASS, summary, details=tuple(details), data=dict(data or {}))
+    def passed(self, summary: str, *, hint: str = "", details: Sequence[str] = (),
+               data: Optional[Mapping[str, Any]] = None) -> Outcome:
+        """A pass; a ``hint`` here is advice the report shows as a tip (a demonstration's fix)."""
+        return Outcome(self.rank, Status.PASS, summary, hint=hint, details=tuple(details), data=dict(data or {}))
 
     def skipped(self, reason: str, *, data: Optional[Mapping[str, Any]] = None) -> Outcome:
         return Outcome(self.rank, Status.SKIP, reason, data=dict(data or {}))

@@ -112,8 +112,8 @@ def _line(result: CheckResult, style: Style, width: int) -> str:
 def render_result(result: CheckResult, style: Style, width: int, verbose: bool) -> list[str]:
     lines = [_line(result, style, width)]
     pad = " " * (8 if not style.fancy else 2) + " " * (width + 2)
-    if result.status >= Status.WARN and result.hint:
-        lines.append(f"{pad}fix: {result.hint}")
+    if result.hint:
+        lines.append(f"{pad}{'fix' if result.status >= Status.WARN else 'tip'}: {result.hint}")
     if not verbose:
         return lines
     for d in result.details:

@@ -45,7 +45,7 @@ def test_builtin_model_and_dataset_pass_and_explain_the_pitfalls(world):
     n = 5 * world + 1
     sampler = merged["sampler"]
     assert sampler.summary.startswith(f"{n} samples over {world} ranks: shards disjoint and complete")
-    assert "set_epoch(epoch)" in sampler.summary
+    assert "set_epoch(epoch)" in sampler.summary and sampler.hint.startswith("call sampler.set_epoch(epoch)")
     details = sampler.outcomes[0].details
     assert any("repeats the first pass's order; after set_epoch(1) it changes" in d for d in details)
     assert any(d.startswith("ddpdoctor.guard_sampler(sampler) warned") for d in details)
@@ -63,7 +63,7 @@ def test_builtin_model_and_dataset_pass_and_explain_the_pitfalls(world):
 
     bn = merged["bn-sync"]
     assert bn.summary.startswith("2 BatchNorm layers not SyncBatchNorm; running stats diverge up to")
-    assert "convert_sync_batchnorm" in bn.summary and "sync_bn_stats" in bn.summary
+    assert "sync_bn_stats equalized them" in bn.summary and "convert_sync_batchnorm" in bn.hint
     assert set(bn.outcomes[0].data["divergence"]) == {"bn1", "bn2"}
     assert bn.outcomes[0].data["divergence_after_sync"] == 0.0
 
