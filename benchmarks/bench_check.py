@@ -12,21 +12,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
-import time
+
+from timing import timed
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CHECKS = "env,port,process-group"
-
-
-def timed(cmd: list[str]) -> float:
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    elapsed = time.perf_counter() - t0
-    if p.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr[-500:]}")
-    return elapsed
 
 
 def main() -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -28,6 +27,7 @@ ITERS, WARMUP = 50, 5
 BASE = "env,port,process-group"
 
 from ddpdoctor.checks.collectives import CollectivesBenchCheck  # noqa: E402
+from timing import timed  # noqa: E402
 
 
 def reference_all_reduce(count: int, iters: int, warmup: int) -> float:
@@ -108,23 +108,14 @@ def accuracy(ranks: int, rounds: int) -> bool:
     return ok
 
 
-def _timed(cmd: list) -> float:
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    elapsed = time.perf_counter() - t0
-    if p.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr[-500:]}")
-    return elapsed
-
-
 def cost(ranks: int, repeat: int) -> bool:
     base = [sys.executable, "-m", "ddpdoctor", "check", "--nproc", str(ranks), "--only"]
     without, with_ = base + [BASE], base + [BASE + ",collectives"]
-    _timed(without), _timed(with_)  # warm the page cache
+    timed(without), timed(with_)  # warm the page cache
     a, b = [], []
     for _ in range(repeat):
-        a.append(_timed(without))
-        b.append(_timed(with_))
+        a.append(timed(without))
+        b.append(timed(with_))
     extra = statistics.median(b) - statistics.median(a)
     ok = extra <= 1.0
     print(f"cost: ddpdoctor check at {ranks} ranks, median of {repeat} interleaved runs")

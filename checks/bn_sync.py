@@ -16,8 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddpdoctor.batchnorm import batchnorm_layers, bn_divergence, sync_bn_stats
 from ddpdoctor.check import RankContext
-from ddpdoctor.model_factory import (LoadedModel, ModelCheck, failed_elsewhere, forward_failed, forward_loss, rank_batch,
-                                     ranks_that_failed, unused_parameters)
+from ddpdoctor.model_factory import LoadedModel, ModelCheck, forward_failed, forward_loss, rank_batch
 from ddpdoctor.result import Outcome
 
 __all__ = ["BnSyncCheck"]
@@ -48,15 +47,11 @@ class BnSyncCheck(ModelCheck):
                    + ", ".join(names)]
         data: dict[str, Any] = {"model": loaded.label, "layers": names}
 
-        try:
-            # parameters without gradients would make DDP fail on the second step
-            unused = bool(unused_parameters(model, rank_batch(loaded.input_shape, ctx.rank)))
-        except Exception as exc:  # noqa: BLE001 - the user's forward is theirs to fix
-            ranks_that_failed(False)
-            return forward_failed(ctx, exc, loaded.input_shape, details, data)
-        elsewhere = ranks_that_failed(True)
-        if elsewhere:
-            return failed_elsewhere(ctx, elsewhere, "run forward/backward")
+        # parameters without gradients would make DDP fail on the second step
+        names, stop = self.find_unused(ctx, model, loaded, details, data)
+        if stop is not None:
+            return stop
+        unused = bool(names)
         try:
             if ctx.device != "cpu":
                 model.to(ctx.device)

@@ -16,8 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddpdoctor.check import RankContext
 from ddpdoctor.desync import DesyncError, assert_in_sync
-from ddpdoctor.model_factory import (LoadedModel, ModelCheck, failed_elsewhere, forward_failed, forward_loss, rank_batch,
-                                     ranks_that_failed, unused_parameters)
+from ddpdoctor.model_factory import LoadedModel, ModelCheck, forward_loss, rank_batch
 from ddpdoctor.result import Outcome
 
 __all__ = ["ParamSyncCheck"]
@@ -81,14 +80,9 @@ class ParamSyncCheck(ModelCheck):
         if loaded.input_shape is None:
             details.append("unused parameters: not checked (input shape unknown)")
         else:
-            try:
-                unused = unused_parameters(model, rank_batch(loaded.input_shape, ctx.rank))
-            except Exception as exc:  # noqa: BLE001 - the user's forward is theirs to fix
-                ranks_that_failed(False)
-                return forward_failed(ctx, exc, loaded.input_shape, details, data)
-            elsewhere = ranks_that_failed(True)
-            if elsewhere:
-                return failed_elsewhere(ctx, elsewhere, "run forward/backward")
+            unused, stop = self.find_unused(ctx, model, loaded, details, data)
+            if stop is not None:
+                return stop
         data["unused"] = unused
 
         ddp = _wrap(model, ctx, find_unused=bool(unused))

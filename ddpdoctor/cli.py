@@ -54,6 +54,24 @@ class _Group(click.Group):
         sys.exit(rv if isinstance(rv, int) else ExitCode.OK)
 
 
+def _world_options(command: Any) -> Any:
+    """The options that choose the world, shared by ``check`` and ``bench``."""
+    options = [
+        click.option("--nproc", type=int, default=None, help="Ranks in a local world [default: one per GPU, else 2]."),
+        click.option("--backend", type=click.Choice(["gloo", "nccl"]), default=None,
+                     help="Backend under test [default: nccl with GPUs, else gloo]."),
+        click.option("--master-addr", default="127.0.0.1", show_default=True,
+                     help="Rendezvous address (local mode)."),
+        click.option("--master-port", type=click.IntRange(0, 65535), default=0, show_default=True,
+                     help="Rendezvous port (local mode); 0 lets the OS pick a free one."),
+        click.option("--local", "mode", flag_value="local", help="Spawn a local world even under a launcher."),
+        click.option("--join", "mode", flag_value="join", help="Join the launcher's world (the default under one)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
 @click.group(cls=_Group, epilog=EXIT_CODE_HELP, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ddpdoctor")
 def cli() -> None:
@@ -61,12 +79,7 @@ def cli() -> None:
 
 
 @cli.command(epilog=EXIT_CODE_HELP)
-@click.option("--nproc", type=int, default=None, help="Ranks in a local world [default: one per GPU, else 2].")
-@click.option("--backend", type=click.Choice(["gloo", "nccl"]), default=None,
-              help="Backend under test [default: nccl with GPUs, else gloo].")
-@click.option("--master-addr", default="127.0.0.1", show_default=True, help="Rendezvous address (local mode).")
-@click.option("--master-port", type=click.IntRange(0, 65535), default=0, show_default=True,
-              help="Rendezvous port (local mode); 0 lets the OS pick a free one.")
+@_world_options
 @click.option("--only", multiple=True, metavar="NAMES", help="Run only these checks (comma-separated).")
 @click.option("--skip", multiple=True, metavar="NAMES", help="Skip these checks (comma-separated).")
 @click.option("--timeout", type=float, default=30.0, show_default=True, help="Deadline per check, in seconds.")
@@ -77,8 +90,6 @@ def cli() -> None:
               help="Run param-sync and bn-sync on your model: a zero-argument callable returning an nn.Module.")
 @click.option("--input-shape", metavar="N,C,H,W", default=None,
               help="Batch shape to feed --model [default: guessed from its first layer].")
-@click.option("--local", "mode", flag_value="local", help="Spawn a local world even under a launcher.")
-@click.option("--join", "mode", flag_value="join", help="Join the launcher's world (the default under one).")
 @click.option("--min-busbw", type=click.FloatRange(min=0), default=None, metavar="GBPS",
               help="Fail the collectives check when a timed operation's busbw (GB/s) is below this.")
 @click.option("-v", "--verbose", is_flag=True, help="Show details and every rank's outcome.")
@@ -137,12 +148,7 @@ def list_checks() -> int:
 
 
 @cli.command(epilog=EXIT_CODE_HELP)
-@click.option("--nproc", type=int, default=None, help="Ranks in a local world [default: one per GPU, else 2].")
-@click.option("--backend", type=click.Choice(["gloo", "nccl"]), default=None,
-              help="Backend under test [default: nccl with GPUs, else gloo].")
-@click.option("--master-addr", default="127.0.0.1", show_default=True, help="Rendezvous address (local mode).")
-@click.option("--master-port", type=click.IntRange(0, 65535), default=0, show_default=True,
-              help="Rendezvous port (local mode); 0 lets the OS pick a free one.")
+@_world_options
 @click.option("--min-bytes", default="8", show_default=True, help="Smallest size (bytes; K/M/G suffixes).")
 @click.option("--max-bytes", default="16M", show_default=True, help="Largest size (bytes; K/M/G suffixes).")
 @click.option("--ops", multiple=True, metavar="NAMES",
@@ -154,8 +160,6 @@ def list_checks() -> int:
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Deadline for the sweep, seconds.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also write the rows and the report as JSON to this path.")
-@click.option("--local", "mode", flag_value="local", help="Spawn a local world even under a launcher.")
-@click.option("--join", "mode", flag_value="join", help="Join the launcher's world (the default under one).")
 @click.option("-v", "--verbose", is_flag=True, help="Show per-rank times and every rank's outcome.")
 def bench(nproc: Optional[int], backend: Optional[str], master_addr: str, master_port: int, min_bytes: str,
           max_bytes: str, ops: tuple, dtype: str, iters: int, warmup: int, timeout: float,

@@ -283,3 +283,18 @@ class ModelCheck(Check):
         """Run the check on the loaded model (in train mode it is the caller's to set)."""
         raise NotImplementedError
 
+    def find_unused(self, ctx: RankContext, model: nn.Module, loaded: LoadedModel, details: list[str],
+                    data: dict[str, Any]) -> tuple[Optional[list[str]], Optional[Outcome]]:
+        """(parameters that get no gradient in one forward/backward, None), or (None, the outcome
+        that ends the check) when the forward failed on this rank or on another."""
+        assert loaded.input_shape is not None
+        try:
+            unused = unused_parameters(model, rank_batch(loaded.input_shape, ctx.rank))
+        except Exception as exc:  # noqa: BLE001 - the user's forward is theirs to fix
+            ranks_that_failed(False)
+            return None, forward_failed(ctx, exc, loaded.input_shape, details, data)
+        elsewhere = ranks_that_failed(True)
+        if elsewhere:
+            return None, failed_elsewhere(ctx, elsewhere, "run forward/backward")
+        return unused, None
+
