@@ -48,10 +48,10 @@ class BnSyncCheck(ModelCheck):
         data: dict[str, Any] = {"model": loaded.label, "layers": names}
 
         # parameters without gradients would make DDP fail on the second step
-        names, stop = self.find_unused(ctx, model, loaded, details, data)
+        unused_names, stop = self.find_unused(ctx, model, loaded, details, data)
         if stop is not None:
             return stop
-        unused = bool(names)
+        unused = bool(unused_names)
         try:
             if ctx.device != "cpu":
                 model.to(ctx.device)
