@@ -24,6 +24,10 @@ class DdpdoctorError(Exception):
         self.message = message
         self.hint = hint
 
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        # Errors cross process boundaries (worlds, workers); rebuild them with all three fields.
+        return (type(self), (self.reference, self.message, self.hint))
+
     def one_line(self) -> str:
         text = f"error[{self.reference}]: {self.message}"
         if self.hint:

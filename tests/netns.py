@@ -2,7 +2,8 @@
 
 Each host is a namespace with its own loopback, an ``eth0`` on the 10.213.<net>.0/24 test network
 (addresses of our own test hosts only) and its own hostname (a UTS namespace per command). Used by
-tests/test_multihost.py and benchmarks/fault_matrix.py; needs root and iproute2.
+tests/test_multihost.py and benchmarks/fault_matrix.py; needs root and iproute2. Every host is a
+fresh namespace, so a port chosen inside one cannot collide with anything else on the machine.
 """
 
 from __future__ import annotations

@@ -91,3 +91,14 @@ Current thread 0x00007e (most recent call first):
 """
     assert where_hung(stack) == "all_reduce, called from step (proj/train.py:88)"
     assert where_hung("") == "an unknown place (no Python stack)"
+
+
+def test_errors_survive_pickling_across_processes():
+    import pickle
+
+    from ddpdoctor.errors import LauncherError, UsageError
+
+    for err in (UsageError("bad-nproc", "--nproc 0 is not a number of ranks", "use --nproc 1 or more"),
+                LauncherError("bad-launcher-env", "RANK='abc' is not an integer", "set it to a whole number")):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and back.one_line() == err.one_line() and back.exit_code == err.exit_code
