@@ -205,8 +205,12 @@ def _gather_bytes(tensor: torch.Tensor, what: str, dst: Optional[int] = None,
     _last_longest = max(lengths)
     offsets = [0, *itertools.accumulate(lengths)][:-1]
     receives = dst is None or rank == dst
-    out = torch.empty(sum(lengths), dtype=torch.uint8, device=device) if receives else None
-    if out is not None:
+    if not receives:
+        out = None
+    elif max(lengths) <= cap:  # everything came with the metadata: one copy out of the table
+        out = torch.cat([table[r, _META_BYTES:_META_BYTES + lengths[r]] for r in range(world)])
+    else:
+        out = torch.empty(sum(lengths), dtype=torch.uint8, device=device)
         for r in range(world):
             k = min(cap, lengths[r])
             out[offsets[r]:offsets[r] + k] = table[r, _META_BYTES:_META_BYTES + k]
