@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(slurm_unavailable() is not None, reason=str(slur
 def slurm():
     try:
         cluster = LocalSlurm(cpus=4).__enter__()
-    except RuntimeError as exc:  # the daemons themselves, not ddpdoctor: say why and skip
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:  # the daemons, not ddpdoctor: skip, say why
         pytest.skip(f"a local Slurm could not start here: {exc}")
     try:
         yield cluster
