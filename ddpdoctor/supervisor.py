@@ -102,20 +102,9 @@ class Supervisor:
 
     def poll(self) -> None:
         """Reap exited workers (publishing ``dead/<rank>``) and answer stack requests."""
-        for w in self.workers:
-            if w.state is not WorkerState.RUNNING:
-                continue
-            try:
-                pid, status = os.waitpid(w.pid, os.WNOHANG)
-            except ChildProcessError:
-                pid, status = w.pid, 0
-            if pid == 0:
-                continue
-            w.wait_status = status
-            ok = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
-            w.state = WorkerState.SUCCEEDED if ok else WorkerState.FAILED
-            if not ok and self.channel is not None:
-                info = describe_exit(status, w.pid)
+        for w in self._reap():
+            if w.state is WorkerState.FAILED and self.channel is not None:
+                info = describe_exit(w.wait_status or 0, w.pid)
                 info["log"] = tail(w.spec.log_path)
                 self.channel.put(f"dead/{w.rank}", info)
         if self.channel is not None:
@@ -161,19 +150,23 @@ class Supervisor:
         """Wait up to ``timeout`` seconds for every worker to exit by itself; True if they did."""
         deadline = time.monotonic() + timeout
         while self.running() and time.monotonic() < deadline:
-            self.poll_exits()
+            self._reap()
             time.sleep(0.005)
         return not self.running()
 
-    def poll_exits(self) -> None:
+    def _reap(self) -> list[Worker]:
+        """Collect the workers that exited since the last look (their state and wait status set)."""
+        exited = []
         for w in self.running():
             try:
                 pid, status = os.waitpid(w.pid, os.WNOHANG)
-            except ChildProcessError:
+            except ChildProcessError:  # already reaped elsewhere
                 pid, status = w.pid, 0
             if pid:
                 w.wait_status = status
                 w.state = WorkerState.SUCCEEDED if status == 0 else WorkerState.FAILED
+                exited.append(w)
+        return exited
 
     def stop(self, grace: float = 1.0) -> None:
         """SIGTERM every running worker, wait ``grace`` seconds, SIGKILL the rest, reap all."""
