@@ -15,10 +15,10 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
-from .check import Check, WorldInfo
-from .control import Channel
-from .result import CheckResult, Outcome, Status, format_ranks, rank_label
-from .supervisor import Supervisor
+from ddpdoctor.check import Check, WorldInfo
+from ddpdoctor.control import Channel
+from ddpdoctor.result import CheckResult, Outcome, Status, format_ranks, rank_label
+from ddpdoctor.supervisor import Supervisor
 
 __all__ = ["Coordinator", "Progress", "where_hung"]
 

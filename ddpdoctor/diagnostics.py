@@ -7,9 +7,9 @@ caught inside the training loop.
 
 from __future__ import annotations
 
-from .batchnorm import bn_divergence, sync_bn_stats
-from .desync import DesyncError, TensorMismatch, assert_in_sync
-from .sampler_guard import SamplerEpochWarning, SamplerMismatchWarning, SamplerWarning, guard_sampler
+from ddpdoctor.batchnorm import bn_divergence, sync_bn_stats
+from ddpdoctor.desync import DesyncError, TensorMismatch, assert_in_sync
+from ddpdoctor.sampler_guard import SamplerEpochWarning, SamplerMismatchWarning, SamplerWarning, guard_sampler
 
 __all__ = [
     "DesyncError",

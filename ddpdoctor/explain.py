@@ -13,8 +13,8 @@ import signal
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
-from .result import format_ranks
-from .supervisor import signal_hint
+from ddpdoctor.result import format_ranks
+from ddpdoctor.supervisor import signal_hint
 
 __all__ = ["Cause", "Match", "CAUSES", "explain_text", "first_failure", "render_matches", "ranks_of_lines"]
 
@@ -351,7 +351,7 @@ def read_input(text: Sequence[str], log_path: Optional[str]) -> tuple:
     """
     import sys
 
-    from .errors import UsageError
+    from ddpdoctor.errors import UsageError
 
     if log_path and text:
         raise UsageError("explain-input", "give either TEXT or --log FILE, not both", "drop one of them")

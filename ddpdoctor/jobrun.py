@@ -34,7 +34,7 @@ from typing import IO, Optional
 
 import psutil
 
-from .exitcodes import ExitCode
+from ddpdoctor.exitcodes import ExitCode
 
 __all__ = ["RunSpec", "run_job", "job_env"]
 
@@ -252,7 +252,7 @@ def _stop(proc: subprocess.Popen, watch: _Watch, grace: float) -> None:
 
 
 def _read_live(watch: _Watch, run_dir: str, wait: float, only_read: bool = False) -> list:
-    from .stacks import RankProcess, read_stacks
+    from ddpdoctor.stacks import RankProcess, read_stacks
 
     live = [r for r in watch.rank_procs() if r.alive and psutil.pid_exists(r.pid) and not _zombie(r.pid)]
     readings = read_stacks([RankProcess(r.pid, r.rank, run_dir=run_dir) for r in live], wait)
@@ -262,8 +262,8 @@ def _read_live(watch: _Watch, run_dir: str, wait: float, only_read: bool = False
 def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, headline: str, with_stacks: bool,
              readings: Optional[list] = None) -> list:
     """Grouped stacks (when asked) and what explain makes of the log; saved in the run directory."""
-    from .explain import explain_text, first_failure, render_matches
-    from .stacks import render_groups
+    from ddpdoctor.explain import explain_text, first_failure, render_matches
+    from ddpdoctor.stacks import render_groups
 
     lines = [f"ddpdoctor run: {headline}"]
     readings = list(readings or [])
@@ -307,7 +307,7 @@ def run_job(spec: RunSpec) -> int:
     Raises:
         UsageError: the command cannot be started.
     """
-    from .errors import UsageError
+    from ddpdoctor.errors import UsageError
 
     run_dir, inject = _prepare_dir(spec)
     env = job_env(run_dir, inject, dict(os.environ))

@@ -15,17 +15,17 @@ import tempfile
 import time
 from typing import Optional, Sequence
 
-from .check import Check, WorldInfo
-from .checks.port import bind_master, probe_connect
-from .control import Channel, ChannelLost, connect_store, host_store
-from .coordinator import Coordinator, Progress, interrupted_results
-from .errors import UsageError
-from .launcher import LaunchInfo
-from .report import RunReport
-from .result import CheckResult, Outcome, Status
-from .runner import Interrupted, RunOptions, RunOutcome, _terminate_as_interrupt, visible_gpus
-from .supervisor import Supervisor
-from .worker import WorkerSpec
+from ddpdoctor.check import Check, WorldInfo
+from ddpdoctor.checks.port import bind_master, probe_connect
+from ddpdoctor.control import Channel, ChannelLost, connect_store, host_store
+from ddpdoctor.coordinator import Coordinator, Progress, interrupted_results
+from ddpdoctor.errors import UsageError
+from ddpdoctor.launcher import LaunchInfo
+from ddpdoctor.report import RunReport
+from ddpdoctor.result import CheckResult, Outcome, Status
+from ddpdoctor.runner import Interrupted, RunOptions, RunOutcome, _terminate_as_interrupt, visible_gpus
+from ddpdoctor.supervisor import Supervisor
+from ddpdoctor.worker import WorkerSpec
 
 __all__ = ["run_joined", "run_id"]
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from .coordination import (BarrierTimeoutError, ZeroFirstError, barrier, broadcast_object, main_process_first,
+from ddpdoctor.coordination import (BarrierTimeoutError, ZeroFirstError, barrier, broadcast_object, main_process_first,
                            print0, rank_zero_first, rank_zero_only, rank_zero_print, seed_everything, synchronize,
                            wait_for_everyone, zero_first)
-from .gathering import (CollectiveMismatchError, all_gather, all_reduce_mean, collect_results, gather,
+from ddpdoctor.gathering import (CollectiveMismatchError, all_gather, all_reduce_mean, collect_results, gather,
                         gather_for_metrics, gather_object, reduce_dict)
-from .loading import CheckpointError, load_checkpoint
-from .ranks import (NotInitializedError, RankConflictWarning, RankInfo, get_local_rank, get_local_world_size,
+from ddpdoctor.loading import CheckpointError, load_checkpoint
+from ddpdoctor.ranks import (NotInitializedError, RankConflictWarning, RankInfo, get_local_rank, get_local_world_size,
                     get_node_rank, get_rank, get_world_size, is_distributed, is_main_process, rank_device,
                     rank_info)
 

@@ -15,8 +15,8 @@ from typing import Mapping, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from .errors import DdpdoctorError
-from .launcher import detect
+from ddpdoctor.errors import DdpdoctorError
+from ddpdoctor.launcher import detect
 
 __all__ = [
     "RankInfo",

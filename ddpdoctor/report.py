@@ -11,11 +11,11 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Any, Optional, Sequence
 
-from . import __version__
-from .check import WorldInfo
-from .coordinator import Progress
-from .exitcodes import ExitCode
-from .result import CheckResult, Status
+from ddpdoctor import __version__
+from ddpdoctor.check import WorldInfo
+from ddpdoctor.coordinator import Progress
+from ddpdoctor.exitcodes import ExitCode
+from ddpdoctor.result import CheckResult, Status
 
 __all__ = ["RunReport", "Style", "render", "TerminalProgress", "SCHEMA"]
 

@@ -17,15 +17,15 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from . import launcher, nvml
-from .check import Check, WorldInfo
-from .control import Channel, host_store
-from .coordinator import Coordinator, Progress, interrupted_results
-from .errors import UsageError
-from .registry import select_checks
-from .report import RunReport
-from .supervisor import Supervisor
-from .worker import WorkerSpec
+from ddpdoctor import launcher, nvml
+from ddpdoctor.check import Check, WorldInfo
+from ddpdoctor.control import Channel, host_store
+from ddpdoctor.coordinator import Coordinator, Progress, interrupted_results
+from ddpdoctor.errors import UsageError
+from ddpdoctor.registry import select_checks
+from ddpdoctor.report import RunReport
+from ddpdoctor.supervisor import Supervisor
+from ddpdoctor.worker import WorkerSpec
 
 __all__ = ["RunOptions", "Interrupted", "run_checks", "resolve_world", "visible_gpus"]
 
@@ -131,7 +131,7 @@ def run_checks(opts: RunOptions, progress: Optional[Progress] = None) -> RunOutc
         type(check).prepare(opts.options)
     progress = progress or Progress()
     if joined:
-        from .joined import run_joined
+        from ddpdoctor.joined import run_joined
 
         return run_joined(opts, info, checks, progress)
     return _run_local(opts, checks, progress)
@@ -139,7 +139,7 @@ def run_checks(opts: RunOptions, progress: Optional[Progress] = None) -> RunOutc
 
 def _validate_options(options: dict) -> None:
     """Check options that name user code, before any rank starts (one line and exit 2 if wrong)."""
-    from .model_factory import load_factory, parse_input_shape
+    from ddpdoctor.model_factory import load_factory, parse_input_shape
 
     if options.get("input_shape") is not None:
         options["input_shape"] = parse_input_shape(options["input_shape"])
@@ -148,7 +148,7 @@ def _validate_options(options: dict) -> None:
 
 
 def _run_local(opts: RunOptions, checks: Sequence[Check], progress: Progress) -> RunOutcome:
-    from .checks.port import bind_master
+    from ddpdoctor.checks.port import bind_master
 
     nproc, backend = resolve_world(opts)
     start = time.monotonic()
