@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from ddpdoctor.explain import CAUSES, explain_text, first_failure, render_matches
+from ddpdoctor.postmortem.explain import CAUSES, explain_text, first_failure, render_matches
 from jobscripts import free_port, run_job, write_train
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")

@@ -8,7 +8,7 @@ import faults
 import pytest
 
 from ddpdoctor.result import Status
-from ddpdoctor.runner import RunOptions, run_checks
+from ddpdoctor.runner.local import RunOptions, run_checks
 
 
 def _line_of(text: str) -> int:

@@ -29,7 +29,7 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 
 from ddpdoctor.errors import DdpdoctorError
-from ddpdoctor.wrapped import unwrap_module
+from ddpdoctor.diagnostics.wrapped import unwrap_module
 
 __all__ = ["assert_in_sync", "DesyncError", "TensorMismatch", "fingerprint"]
 

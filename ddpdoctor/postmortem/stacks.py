@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 import psutil
 
-from ddpdoctor.coordinator import where_hung
+from ddpdoctor.runner.lockstep import where_hung
 from ddpdoctor.result import format_ranks
 
 __all__ = ["RankProcess", "StackReading", "find_ranks", "read_stack", "read_stacks", "group_by_place",

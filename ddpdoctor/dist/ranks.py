@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ddpdoctor.errors import DdpdoctorError
-from ddpdoctor.launcher import detect
+from ddpdoctor.dist.launcher import detect
 
 __all__ = [
     "RankInfo",

@@ -17,15 +17,16 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from ddpdoctor import launcher, nvml
+from ddpdoctor.dist import launcher
+from ddpdoctor.system import nvml
 from ddpdoctor.check import Check, WorldInfo
-from ddpdoctor.control import Channel, host_store
-from ddpdoctor.coordinator import Coordinator, Progress, interrupted_results
+from ddpdoctor.runner.channel import Channel, host_store
+from ddpdoctor.runner.lockstep import Coordinator, Progress, interrupted_results
 from ddpdoctor.errors import UsageError
-from ddpdoctor.registry import select_checks
-from ddpdoctor.report import RunReport
-from ddpdoctor.supervisor import Supervisor
-from ddpdoctor.worker import WorkerSpec
+from ddpdoctor.runner.registry import select_checks
+from ddpdoctor.report.terminal import RunReport
+from ddpdoctor.runner.supervisor import Supervisor
+from ddpdoctor.runner.worker import WorkerSpec
 
 __all__ = ["RunOptions", "Interrupted", "run_checks", "resolve_world", "visible_gpus"]
 
@@ -131,7 +132,7 @@ def run_checks(opts: RunOptions, progress: Optional[Progress] = None) -> RunOutc
         type(check).prepare(opts.options)
     progress = progress or Progress()
     if joined:
-        from ddpdoctor.joined import run_joined
+        from ddpdoctor.runner.joined import run_joined
 
         return run_joined(opts, info, checks, progress)
     return _run_local(opts, checks, progress)
@@ -139,7 +140,7 @@ def run_checks(opts: RunOptions, progress: Optional[Progress] = None) -> RunOutc
 
 def _validate_options(options: dict) -> None:
     """Check options that name user code, before any rank starts (one line and exit 2 if wrong)."""
-    from ddpdoctor.model_factory import load_factory, parse_input_shape
+    from ddpdoctor.diagnostics.model_factory import load_factory, parse_input_shape
 
     if options.get("input_shape") is not None:
         options["input_shape"] = parse_input_shape(options["input_shape"])

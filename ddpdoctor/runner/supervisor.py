@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from ddpdoctor.control import Channel
-from ddpdoctor.worker import STACK_SIGNAL, WorkerSpec, worker_main
+from ddpdoctor.runner.channel import Channel
+from ddpdoctor.runner.worker import STACK_SIGNAL, WorkerSpec, worker_main
 
 __all__ = ["Supervisor", "Worker", "WorkerState", "describe_exit", "signal_hint"]
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
 from ddpdoctor.result import format_ranks
-from ddpdoctor.supervisor import signal_hint
+from ddpdoctor.runner.supervisor import signal_hint
 
 __all__ = ["Cause", "Match", "CAUSES", "explain_text", "first_failure", "render_matches", "ranks_of_lines"]
 

@@ -13,7 +13,7 @@ from typing import IO, Any, Optional, Sequence
 
 from ddpdoctor import __version__
 from ddpdoctor.check import WorldInfo
-from ddpdoctor.coordinator import Progress
+from ddpdoctor.runner.lockstep import Progress
 from ddpdoctor.exitcodes import ExitCode
 from ddpdoctor.result import CheckResult, Status
 

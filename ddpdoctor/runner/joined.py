@@ -17,15 +17,15 @@ from typing import Optional, Sequence
 
 from ddpdoctor.check import Check, WorldInfo
 from ddpdoctor.checks.port import bind_master, probe_connect
-from ddpdoctor.control import Channel, ChannelLost, connect_store, host_store
-from ddpdoctor.coordinator import Coordinator, Progress, interrupted_results
+from ddpdoctor.runner.channel import Channel, ChannelLost, connect_store, host_store
+from ddpdoctor.runner.lockstep import Coordinator, Progress, interrupted_results
 from ddpdoctor.errors import UsageError
-from ddpdoctor.launcher import LaunchInfo
-from ddpdoctor.report import RunReport
+from ddpdoctor.dist.launcher import LaunchInfo
+from ddpdoctor.report.terminal import RunReport
 from ddpdoctor.result import CheckResult, Outcome, Status
-from ddpdoctor.runner import Interrupted, RunOptions, RunOutcome, _terminate_as_interrupt, visible_gpus
-from ddpdoctor.supervisor import Supervisor
-from ddpdoctor.worker import WorkerSpec
+from ddpdoctor.runner.local import Interrupted, RunOptions, RunOutcome, _terminate_as_interrupt, visible_gpus
+from ddpdoctor.runner.supervisor import Supervisor
+from ddpdoctor.runner.worker import WorkerSpec
 
 __all__ = ["run_joined", "run_id"]
 

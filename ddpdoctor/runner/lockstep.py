@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
 from ddpdoctor.check import Check, WorldInfo
-from ddpdoctor.control import Channel
+from ddpdoctor.runner.channel import Channel
 from ddpdoctor.result import CheckResult, Outcome, Status, format_ranks, rank_label
-from ddpdoctor.supervisor import Supervisor
+from ddpdoctor.runner.supervisor import Supervisor
 
 __all__ = ["Coordinator", "Progress", "where_hung"]
 
@@ -41,8 +41,9 @@ class Progress:
 
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
-_OURS = ("/threading.py", "/ddpdoctor/worker.py", "/ddpdoctor/control.py", "/ddpdoctor/supervisor.py",
-         "/ddpdoctor/runner.py", "/ddpdoctor/joined.py", "/ddpdoctor/cli.py")
+_OURS = ("/threading.py", "/ddpdoctor/runner/worker.py", "/ddpdoctor/runner/channel.py",
+         "/ddpdoctor/runner/supervisor.py", "/ddpdoctor/runner/local.py", "/ddpdoctor/runner/joined.py",
+         "/ddpdoctor/cli.py")
 _LIBRARY = ("/torch/", "/site-packages/", "/dist-packages/", "/lib/python3")
 
 

@@ -7,9 +7,10 @@ caught inside the training loop.
 
 from __future__ import annotations
 
-from ddpdoctor.batchnorm import bn_divergence, sync_bn_stats
-from ddpdoctor.desync import DesyncError, TensorMismatch, assert_in_sync
-from ddpdoctor.sampler_guard import SamplerEpochWarning, SamplerMismatchWarning, SamplerWarning, guard_sampler
+from ddpdoctor.diagnostics.batchnorm import bn_divergence, sync_bn_stats
+from ddpdoctor.diagnostics.desync import DesyncError, TensorMismatch, assert_in_sync
+from ddpdoctor.diagnostics.sampler_guard import (SamplerEpochWarning, SamplerMismatchWarning, SamplerWarning,
+                                                 guard_sampler)
 
 __all__ = [
     "DesyncError",

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ddpdoctor.errors import DdpdoctorError
-from ddpdoctor.ranks import get_rank, get_world_size, rank_device, require_process_group
+from ddpdoctor.dist.ranks import get_rank, get_world_size, rank_device, require_process_group
 
 __all__ = [
     "CollectiveMismatchError",
