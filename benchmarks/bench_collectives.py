@@ -74,7 +74,8 @@ CHECKS = [BenchVsReference]
 
 def accuracy(ranks: int, rounds: int) -> bool:
     from ddpdoctor.checks.collectives import bench_rows
-    from ddpdoctor.runner.local import RunOptions, run_checks
+    from ddpdoctor.runner.options import RunOptions
+    from ddpdoctor.runner.local import run_checks
 
     os.environ["DDPDOCTOR_PLUGINS"] = "bench_collectives"
     try:

@@ -99,7 +99,8 @@ def check(nproc: Optional[int], backend: Optional[str], master_addr: str, master
     """Run the checks on a local world, or join the world torchrun/srun/mpirun started."""
     from ddpdoctor.runner.registry import all_checks, select_checks
     from ddpdoctor.report.terminal import Style, TerminalProgress, footer
-    from ddpdoctor.runner.local import RunOptions, run_checks
+    from ddpdoctor.runner.options import RunOptions
+    from ddpdoctor.runner.local import run_checks
 
     _quiet_logs()
     opts = RunOptions(nproc=nproc, backend=backend, master_addr=master_addr, master_port=master_port,

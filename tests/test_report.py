@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 from ddpdoctor.check import WorldInfo
-from ddpdoctor.runner.lockstep import where_hung
-from ddpdoctor.report.terminal import RunReport, Style, render
+from ddpdoctor.system.stackframes import where_hung
+from ddpdoctor.report.document import RunReport
+from ddpdoctor.report.terminal import Style, render
 from ddpdoctor.result import CheckResult, Outcome, Status, format_ranks, merge_outcomes
 
 WORLD = WorldInfo(world_size=3, backend="gloo", hosts={0: "a", 1: "a", 2: "a"}, arrived=(0, 1, 2))

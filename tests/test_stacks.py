@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 import ddpdoctor
-from ddpdoctor.runner.lockstep import where_hung
+from ddpdoctor.system.stackframes import where_hung
 from ddpdoctor.postmortem.stacks import RankProcess, StackReading, pyspy_to_faulthandler, render_groups
 from jobscripts import line_of, torchrun, write_train
 

@@ -3,6 +3,12 @@
 Sampler epochs (:func:`guard_sampler`), parameter desync (:func:`assert_in_sync`) and BatchNorm
 running statistics (:func:`bn_divergence`, :func:`sync_bn_stats`): the silent bugs of DDP training,
 caught inside the training loop.
+
+Also here, for the checks that train: the models they train (:mod:`.model_factory`), unwrapping a
+DDP/FSDP-wrapped module (:mod:`.wrapped`) and the known-result collectives plan (:mod:`.collective_plan`).
+
+May import: ``ddpdoctor.dist``, ``ddpdoctor.system`` and the shared bottom (``check``, ``result``,
+``errors``, ``exitcodes``).
 """
 
 from __future__ import annotations

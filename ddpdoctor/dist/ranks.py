@@ -15,8 +15,8 @@ from typing import Mapping, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from ddpdoctor.errors import DdpdoctorError
 from ddpdoctor.dist.launcher import detect
+from ddpdoctor.errors import DdpdoctorError
 
 __all__ = [
     "RankInfo",

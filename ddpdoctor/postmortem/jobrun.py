@@ -262,7 +262,8 @@ def _read_live(watch: _Watch, run_dir: str, wait: float, only_read: bool = False
 def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, headline: str, with_stacks: bool,
              readings: Optional[list] = None) -> list:
     """Grouped stacks (when asked) and what explain makes of the log; saved in the run directory."""
-    from ddpdoctor.postmortem.explain import explain_text, first_failure, render_matches
+    from ddpdoctor.causes.matcher import explain_text, first_failure
+    from ddpdoctor.postmortem.explain import render_matches
     from ddpdoctor.postmortem.stacks import render_groups
 
     lines = [f"ddpdoctor run: {headline}"]

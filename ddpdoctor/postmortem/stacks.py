@@ -21,8 +21,8 @@ from typing import Optional, Sequence
 
 import psutil
 
-from ddpdoctor.runner.lockstep import where_hung
 from ddpdoctor.result import format_ranks
+from ddpdoctor.system.stackframes import where_hung
 
 __all__ = ["RankProcess", "StackReading", "find_ranks", "read_stack", "read_stacks", "group_by_place",
            "render_groups", "pyspy_to_faulthandler", "stacks_command"]

@@ -44,7 +44,8 @@ def run_bench(*, nproc: Optional[int], backend: Optional[str], master_addr: str,
     from ddpdoctor.checks.collectives import bench_rows
     from ddpdoctor.diagnostics.collective_plan import render_table, select_ops
     from ddpdoctor.report.terminal import Style, footer, header, render_result
-    from ddpdoctor.runner.local import RunOptions, run_checks
+    from ddpdoctor.runner.options import RunOptions
+    from ddpdoctor.runner.local import run_checks
 
     lo, hi = parse_bytes(min_bytes, "--min-bytes"), parse_bytes(max_bytes, "--max-bytes")
     if lo > hi:

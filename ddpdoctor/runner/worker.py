@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn, Sequence
 
 from ddpdoctor.check import Check, RankContext
-from ddpdoctor.runner.channel import Channel, ChannelLost, connect_store
 from ddpdoctor.result import Outcome, Status
+from ddpdoctor.runner.channel import Channel, ChannelLost, connect_store
 
 __all__ = ["WorkerSpec", "worker_main", "run_guarded", "set_parent_death_signal"]
 
