@@ -18,7 +18,8 @@ import click
 from ddpdoctor import __version__
 from ddpdoctor.errors import DdpdoctorError
 from ddpdoctor.exitcodes import EXIT_CODE_HELP, ExitCode
-from ddpdoctor.runner.options import Interrupted, install_interrupt_handlers, terminate_as_interrupt
+from ddpdoctor.runner.options import (Interrupted, install_interrupt_handlers, note_pending, raise_pending,
+                                      terminate_as_interrupt)
 
 __all__ = ["main", "cli", "Number"]
 
@@ -189,8 +190,11 @@ def _world_options(command: Any) -> Any:
 
 @click.group(cls=_Group, epilog=EXIT_CODE_HELP, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ddpdoctor")
-def cli() -> None:
+@click.pass_context
+def cli(ctx: click.Context) -> None:
     """Find out whether a PyTorch distributed (DDP) job will work, and why not."""
+    if ctx.invoked_subcommand != "check":
+        raise_pending()  # a signal during start-up stops the command now ('check' reports what ran)
 
 
 @cli.command(epilog=EXIT_CODE_HELP)
@@ -219,6 +223,7 @@ def check(nproc: Optional[int], backend: Optional[str], master_addr: str, master
     checks: list = []
     progress = None
     try:
+        raise_pending()
         from ddpdoctor.report.terminal import Style, TerminalProgress
         from ddpdoctor.runner.local import run_checks
         from ddpdoctor.runner.options import RunOptions, RunOutcome
@@ -248,7 +253,7 @@ def _interrupted_at_start(exc: BaseException, checks: Sequence[Any], nproc: Opti
     from ddpdoctor.runner.options import RunOutcome
 
     why = exc.signame if isinstance(exc, Interrupted) else "SIGINT"
-    world = WorldInfo(world_size=nproc or 0, backend=backend or "not chosen yet", mode="local")
+    world = WorldInfo(world_size=nproc or 0, backend=backend or "backend not chosen yet", mode="local")
     results = interrupted_results(checks, [], None, f"{why}, during start-up")
     report = RunReport(world, tuple(results), interrupted=why)
     return RunOutcome(report, int(report.exit_code()))
@@ -266,8 +271,10 @@ def _finish_check(outcome: Any, progress: Any, verbose: bool, strict: bool, json
     out = sys.stdout
     style = Style.for_stream(out)
     printed = progress.printed if progress is not None else []
-    if progress is None or (report.interrupted and not printed and report.world.world_size == 0):
+    if progress is None:
         out.write(header(report.world) + "\n")
+    if report.interrupted and not report.results:
+        out.write(f"interrupted by {report.interrupted} during start-up: no check ran\n")
     width = progress.width if progress is not None else max((len(r.name) for r in report.results), default=4)
     for result in report.results:
         if result.name not in printed:
@@ -392,11 +399,14 @@ def _quiet_logs() -> None:
     logging.basicConfig(level=logging.WARNING, format="ddpdoctor: %(message)s")
 
 
-def main() -> None:
-    """Console-script entry point.
+def main(pending: Sequence[int] = ()) -> None:
+    """Console-script entry point (through :mod:`ddpdoctor.__main__`, which catches signals from the start).
 
     Ctrl-C and SIGTERM are handled from the first moment: the first one stops the command cleanly
     (``check`` prints a report of what ran), a second one exits at once (130), never with a traceback.
+    ``pending``: signals that arrived while the command started; acted on as soon as it can stop cleanly.
     """
     install_interrupt_handlers()
+    if pending:
+        note_pending(pending[0])
     cli.main()

@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional, Sequence
 from ddpdoctor.report.document import RunReport
 
 __all__ = ["RunOptions", "RunOutcome", "Interrupted", "terminate_as_interrupt", "install_interrupt_handlers",
-           "reset_signals_in_worker"]
+           "reset_signals_in_worker", "note_pending", "raise_pending"]
 
 class Interrupted(BaseException):
     """SIGTERM (or SIGINT) reached the supervising process."""
@@ -49,7 +49,8 @@ class RunOutcome:
 
 
 _PARENT_PID: list = []  # the process that installed the handlers (a forked worker is not it)
-_HARD_EXIT_HOOKS: list = []  # cleanups a second signal still runs (temporary folders), then exits
+_HARD_EXIT_HOOKS: list = []
+_PENDING: list = []  # a signal that arrived during start-up, before the handlers (see note_pending)  # cleanups a second signal still runs (temporary folders), then exits
 
 
 def _second_signal(signum: int, frame: Any) -> None:
@@ -87,6 +88,25 @@ def _in_child(signum: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if signum == signal.SIGTERM:
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def note_pending(signum: int) -> None:
+    """A signal that arrived before the handlers were installed: :func:`raise_pending` acts on it."""
+    _PENDING[:] = [signum]
+    for sig in (signal.SIGINT, signal.SIGTERM):  # the next one is the second
+        try:
+            signal.signal(sig, _second_signal)
+        except ValueError:
+            pass
+
+
+def raise_pending() -> None:
+    """Raise for a signal kept by :func:`note_pending` (once): where the command can stop cleanly."""
+    if _PENDING:
+        signum = _PENDING.pop()
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Interrupted(signal.Signals(signum).name)
 
 
 def install_interrupt_handlers() -> bool:
