@@ -7,7 +7,7 @@ entries come first.
 Patterns must not backtrack (explain reads logs of any size, one line at a time, lines cut to a few
 KB): no ``.*`` after a prefix that can repeat on one line unless anchored at its first occurrence
 (``^(?:(?!PREFIX).)*PREFIX.*...``), no unbounded class that can restart at every position
-(``[^\]]*`` inside a repeated bracket: exclude the opening bracket too), bounded gaps (``.{0,200}?``).
+(a "[^]]*" inside brackets that can repeat: exclude the opening bracket too), bounded gaps (``.{0,200}?``).
 tests/test_hostile.py times every pattern on adversarial lines built from its own fragments.
 """
 
