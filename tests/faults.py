@@ -155,3 +155,22 @@ class MatrixCheck(Check):
 
 
 CHECKS.insert(CHECKS.index(PassCheck), MatrixCheck)  # fault-none runs after it
+
+
+class DeviceOrdinalCheck(Check):
+    """FAULT_RANK fails the way a rank does that asks for a GPU it cannot see (the message CUDA
+    gives), before the others' rendezvous completes."""
+
+    name = "fault-device-ordinal"
+    description = "FAULT_RANK raises CUDA's invalid device ordinal error before the process group forms"
+    requires = Requirements(min_world_size=2, process_group=True)
+
+    def run(self, ctx: RankContext) -> Outcome:
+        if ctx.rank == _target():
+            raise RuntimeError("CUDA error: invalid device ordinal\nCUDA kernel errors might be asynchronously "
+                               "reported at some other API call, so the stacktrace below might be incorrect.")
+        ctx.process_group()
+        return ctx.passed("joined")
+
+
+CHECKS.insert(CHECKS.index(PassCheck), DeviceOrdinalCheck)
