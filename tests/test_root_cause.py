@@ -119,3 +119,21 @@ def _free_port() -> int:
     from ddpdoctor.system.ports import free_port
 
     return free_port()
+
+
+@pytest.mark.timeout(120)
+def test_bench_names_the_rank_that_failed_mid_sweep(cli_env, tmp_path):
+    stamp = str(tmp_path / "stamp")
+    env = {**cell_env(cli_env, Cell("raise", "during", 3, 2), stamp), "DDPDOCTOR_PLUGINS": "bench_faults"}
+    code, lines = run_cli([sys.executable, "-m", "ddpdoctor", "bench", "--nproc", "3", "--timeout", str(TIMEOUT),
+                           "--max-bytes", "64K", "--iters", "2", "--warmup", "1"], env, timeout=100)
+    text = "\n".join(line for _, line in lines)
+    found = verdict_line(lines, "collectives-bench")
+    assert found is not None, text
+    at, status, summary = found
+    assert status == "CRASH", text
+    assert summary.startswith("rank 2 raised RuntimeError: injected failure on rank 2 (tests/faults.py:"), text
+    assert "ranks 0-1 were left waiting in all_reduce" in summary, text
+    assert "finished" not in summary
+    assert at - read_stamp(stamp) < BOUND
+    assert code == 1
