@@ -127,6 +127,9 @@ def fail_now(ctx: RankContext) -> Outcome:
         os._exit(int(kind[-1]))
     if kind == "sysexit2":
         sys.exit(2)
+    if kind == "vanish":  # the rank's whole process goes (joined mode: the launched process, as the OOM killer does)
+        os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(5)
     if kind in ("sigkill", "sigsegv"):
         os.kill(os.getpid(), signal.SIGKILL if kind == "sigkill" else signal.SIGSEGV)
         time.sleep(5)

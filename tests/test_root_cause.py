@@ -137,3 +137,21 @@ def test_bench_names_the_rank_that_failed_mid_sweep(cli_env, tmp_path):
     assert "finished" not in summary
     assert at - read_stamp(stamp) < BOUND
     assert code == 1
+
+
+@pytest.mark.timeout(150)
+def test_torchrun_rank_whose_process_vanished_is_named_and_the_stopped_ranks_said_so(cli_env, tmp_path):
+    """Rank 1's launched process is SIGKILLed (as the OOM killer does): torchrun stops ranks 0 and 2
+    with SIGTERM before anyone can report a death; rank 0 says what is known."""
+    cell = Cell("vanish", "during", 3, 1, "torchrun")
+    [(cell, code, lines, stamp)] = _joined(torchrun_cmd, [cell], {**cli_env, "_TMP": str(tmp_path)})
+    text = "\n".join(line for _, line in lines)
+    found = verdict_line(lines)
+    assert found is not None, text
+    at, status, summary = found
+    assert status == "CRASH", text
+    assert summary.startswith("rank 1 vanished during 'fault-matrix' (the process ended without a result or last "
+                              "words); the launcher then stopped ranks 0,2 (SIGTERM"), text
+    assert "not run: rank 1 vanished during 'fault-matrix'" in text
+    assert at - read_stamp(stamp) < BOUND, text
+    assert code != 0

@@ -20,7 +20,7 @@ from ddpdoctor.dist.launcher import LaunchInfo
 from ddpdoctor.errors import UsageError
 from ddpdoctor.report.document import RunReport
 from ddpdoctor.report.progress import Progress
-from ddpdoctor.result import CheckResult, Outcome, Status
+from ddpdoctor.result import CheckResult, Outcome, Status, rank_label
 from ddpdoctor.runner.channel import Channel, ChannelLost, connect_store, host_store
 from ddpdoctor.runner.lockstep import Coordinator, interrupted_results
 from ddpdoctor.runner.options import Interrupted, RunOptions, RunOutcome, terminate_as_interrupt
@@ -28,6 +28,7 @@ from ddpdoctor.runner.supervisor import Supervisor
 from ddpdoctor.runner.worker import WorkerSpec
 from ddpdoctor.system.nvml import visible_gpus
 from ddpdoctor.system.ports import bind_master, probe_connect
+from ddpdoctor.system.stackframes import where_hung
 
 __all__ = ["run_joined", "run_id"]
 
@@ -125,12 +126,10 @@ def run_joined(opts: RunOptions, info: LaunchInfo, checks: Sequence[Check], prog
     except (KeyboardInterrupt, Interrupted) as exc:
         why = exc.signame if isinstance(exc, Interrupted) else "SIGINT"
         if rank == 0:
-            done = coordinator.results if coordinator else []
-            report = RunReport(coordinator.world if coordinator else world,
-                               tuple(interrupted_results(checks, done, coordinator.current if coordinator else None, why)),
-                               duration=time.monotonic() - start, interrupted=why)
+            report = _interrupted_report(coordinator, world, checks, why, start)
             code = int(report.exit_code())
         else:
+            _last_words(channel, supervisor, rank, why)
             code, message = 130, f"ddpdoctor rank {rank}: interrupted by {why}"
     finally:
         supervisor.stop()
@@ -141,6 +140,39 @@ def run_joined(opts: RunOptions, info: LaunchInfo, checks: Sequence[Check], prog
         del store
         shutil.rmtree(workdir, ignore_errors=True)
     return RunOutcome(report, code, message)
+
+
+def _interrupted_report(coordinator: Optional[Coordinator], world: WorldInfo, checks: Sequence[Check], why: str,
+                        start: float) -> RunReport:
+    """Rank 0 was interrupted: if a rank vanished first (the launcher stops the rest when one rank's
+    process ends), that rank leads the report; otherwise what finished, then the rest skipped."""
+    if coordinator is None:
+        return RunReport(world, tuple(interrupted_results(checks, [], None, why)),
+                         duration=time.monotonic() - start, interrupted=why)
+    done = list(coordinator.results)
+    try:
+        vanished = coordinator.launcher_stopped(why)
+    except (ChannelLost, Interrupted):
+        vanished = None
+    if vanished is None:
+        return RunReport(coordinator.world, tuple(interrupted_results(checks, done, coordinator.current, why)),
+                         duration=time.monotonic() - start, interrupted=why)
+    reason = f"not run: {rank_label(vanished.ranks)} vanished during '{vanished.name}'"
+    results = done + [vanished] + [CheckResult(c.name, Status.SKIP, reason) for c in checks[len(done) + 1:]]
+    return RunReport(coordinator.world, tuple(results), duration=time.monotonic() - start)
+
+
+def _last_words(channel: Optional[Channel], supervisor: Supervisor, rank: int, why: str) -> None:
+    """A rank stopped by the launcher says so (and where its worker was) before it goes, so rank 0 can
+    tell the ranks that were stopped from the one that vanished first."""
+    if channel is None:
+        return
+    try:
+        with terminate_as_interrupt():
+            stack = supervisor.dump_stacks([rank], wait=0.5).get(rank, "")
+            channel.put(f"term/{rank}", {"why": why, "where": where_hung(stack) if stack else ""})
+    except (ChannelLost, Interrupted, OSError):
+        pass
 
 
 def _follow(channel: Channel, supervisor: Supervisor, rank: int, budget: float) -> tuple[int, str]:

@@ -56,6 +56,7 @@ class Coordinator:
     lost: set = field(default_factory=set)
     hellos: dict = field(default_factory=dict)
     current: Optional[str] = None
+    current_index: int = -1
 
     def _tick(self) -> None:
         self.supervisor.poll()
@@ -95,7 +96,7 @@ class Coordinator:
         if self.missing:
             pg_broken = pg_broken or (f"{rank_label(self.missing)} never arrived")
         for i, check in enumerate(self.checks):
-            self.current = check.name
+            self.current, self.current_index = check.name, i
             reason = aborted or self._skip_reason(check, pg_broken)
             if check.runs_in == "supervisor":
                 self.channel.put(f"plan/{i}", {"action": "supervisor"})
@@ -237,6 +238,40 @@ class Coordinator:
                     out[r] = self.channel.get(f"stack/{r}")["stack"]
             time.sleep(POLL)
         return out
+
+    def launcher_stopped(self, why: str, wait: float = 1.0) -> Optional[CheckResult]:
+        """The launcher is stopping every rank (``why``: SIGTERM) during a check: it usually does that
+        because one rank's process ended. The ranks that said their last words (``term/<rank>``) were
+        stopped; a rank with no result, no death report and no last words vanished first: the cause.
+        None when no rank vanished (an ordinary interruption)."""
+        if self.current is None or self.current_index < 0:
+            return None
+        i, name = self.current_index, self.current
+        ranks = sorted(self.hellos)
+        deadline = time.monotonic() + wait
+        said: dict[int, dict] = {}
+        while True:
+            for r in ranks:
+                if r not in said and r != 0 and self.channel.has(f"term/{r}"):
+                    said[r] = self.channel.get(f"term/{r}")
+            quiet = [r for r in ranks if r != 0 and r not in said and not self.channel.has(f"result/{i}/{r}")]
+            if not quiet or time.monotonic() >= deadline:
+                break
+            time.sleep(POLL)
+        vanished = [r for r in quiet if self._dead(r) is None]
+        if not vanished:
+            return None
+        stopped = sorted([0, *said])
+        places = sorted({w["where"] for w in said.values() if w.get("where")})
+        where = f"; they were in {', '.join(places)}" if places else ""
+        summary = (f"{rank_label(vanished)} vanished during '{name}' (the process ended without a result or last "
+                   f"words); the launcher then stopped {rank_label(stopped)} ({why}{where})")
+        outcomes = tuple(Outcome(r, Status.CRASH, "vanished (no result, no last words)", finding="rank-vanished")
+                         for r in vanished)
+        return CheckResult(name, Status.CRASH, summary, finding="rank-vanished", ranks=tuple(vanished),
+                           hint=f"read {rank_label(vanished)}'s own output and the launcher's summary above (exit "
+                                "code or signal: SIGKILL is often the OOM killer, check `dmesg | grep -i oom`)",
+                           outcomes=outcomes)
 
     def finish(self, exit_code: int) -> None:
         """Tell every supervisor the run is over and with which exit code."""
