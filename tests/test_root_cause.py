@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -86,7 +85,7 @@ def _assert_joined(cell, code, lines, stamp):
     at, status, summary = found
     verify(cell, status, summary)
     assert at - read_stamp(stamp) < BOUND, (cell, at - read_stamp(stamp), text)
-    assert f"[skip]  fault-none" in text and f"not run: rank {cell.rank} " in text
+    assert "[skip]  fault-none" in text and f"not run: rank {cell.rank} " in text
     assert code != 0, text
     assert text.count("ddpdoctor 0.1.0: ") == 1, text  # one report, from the lowest live coordinator
 
