@@ -140,17 +140,23 @@ def test_bench_names_the_rank_that_failed_mid_sweep(cli_env, tmp_path):
 
 @pytest.mark.timeout(150)
 def test_torchrun_rank_whose_process_vanished_is_named_and_the_stopped_ranks_said_so(cli_env, tmp_path):
-    """Rank 1's launched process is SIGKILLed (as the OOM killer does): torchrun stops ranks 0 and 2
-    with SIGTERM before anyone can report a death; rank 0 says what is known."""
-    cell = Cell("vanish", "during", 3, 1, "torchrun")
-    [(cell, code, lines, stamp)] = _joined(torchrun_cmd, [cell], {**cli_env, "_TMP": str(tmp_path)})
-    text = "\n".join(line for _, line in lines)
-    found = verdict_line(lines)
+    """A rank's launched process is SIGKILLed (as the OOM killer does): torchrun stops the others with
+    SIGTERM before anyone can report a death. Rank 0 says what is known; when rank 0 is the one that
+    vanished, the lowest rank left says it."""
+    cells = [Cell("vanish", "during", 3, 1, "torchrun"), Cell("vanish", "during", 3, 0, "torchrun")]
+    (c1, code1, lines1, stamp1), (c0, code0, lines0, _) = _joined(torchrun_cmd, cells,
+                                                                 {**cli_env, "_TMP": str(tmp_path)})
+    text = "\n".join(line for _, line in lines1)
+    found = verdict_line(lines1)
     assert found is not None, text
     at, status, summary = found
     assert status == "CRASH", text
     assert summary.startswith("rank 1 vanished during 'fault-matrix' (the process ended without a result or last "
                               "words); the launcher then stopped ranks 0,2 (SIGTERM"), text
     assert "not run: rank 1 vanished during 'fault-matrix'" in text
-    assert at - read_stamp(stamp) < BOUND, text
-    assert code != 0
+    assert at - read_stamp(stamp1) < BOUND, text
+    assert code1 != 0
+    text0 = "\n".join(line for _, line in lines0)
+    assert text0.count("rank 0 vanished (no verdict, no last words") == 1, text0  # rank 1 alone says it
+    assert "the launcher then stopped ranks 1-2 (SIGTERM)" in text0, text0
+    assert code0 != 0

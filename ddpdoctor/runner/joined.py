@@ -126,11 +126,12 @@ def run_joined(opts: RunOptions, info: LaunchInfo, checks: Sequence[Check], prog
     except (KeyboardInterrupt, Interrupted) as exc:
         why = exc.signame if isinstance(exc, Interrupted) else "SIGINT"
         if rank == 0:
+            _last_words(channel, None, rank, why)
             report = _interrupted_report(coordinator, world, checks, why, start)
             code = int(report.exit_code())
         else:
             _last_words(channel, supervisor, rank, why)
-            code, message = 130, f"ddpdoctor rank {rank}: interrupted by {why}"
+            code, message = 130, _without_rank_0(channel, rank, info.world_size, why)
     finally:
         supervisor.stop()
         if channel is not None:
@@ -162,17 +163,39 @@ def _interrupted_report(coordinator: Optional[Coordinator], world: WorldInfo, ch
     return RunReport(coordinator.world, tuple(results), duration=time.monotonic() - start)
 
 
-def _last_words(channel: Optional[Channel], supervisor: Supervisor, rank: int, why: str) -> None:
+def _last_words(channel: Optional[Channel], supervisor: Optional[Supervisor], rank: int, why: str) -> None:
     """A rank stopped by the launcher says so (and where its worker was) before it goes, so rank 0 can
     tell the ranks that were stopped from the one that vanished first."""
     if channel is None:
         return
     try:
         with terminate_as_interrupt():
-            stack = supervisor.dump_stacks([rank], wait=0.5).get(rank, "")
+            stack = supervisor.dump_stacks([rank], wait=0.5).get(rank, "") if supervisor else ""
             channel.put(f"term/{rank}", {"why": why, "where": where_hung(stack) if stack else ""})
     except (ChannelLost, Interrupted, OSError):
         pass
+
+
+def _without_rank_0(channel: Optional[Channel], rank: int, world_size: int, why: str, wait: float = 1.0) -> str:
+    """This rank was stopped by the launcher. If rank 0 (the reporter) said nothing, it is the one that
+    vanished: the lowest rank that said its last words reports that in one line; the others stay brief."""
+    plain = f"ddpdoctor rank {rank}: interrupted by {why}"
+    if channel is None:
+        return plain
+    try:
+        with terminate_as_interrupt():
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                if channel.has("term/0") or channel.has("final"):
+                    return plain
+                time.sleep(0.02)
+            said = [r for r in range(1, world_size) if r == rank or channel.has(f"term/{r}")]
+    except (ChannelLost, Interrupted):
+        return plain
+    if min(said) != rank:
+        return plain
+    return (f"ddpdoctor rank {rank}: rank 0 vanished (no verdict, no last words: its process ended first); "
+            f"the launcher then stopped {rank_label(said)} ({why}); read rank 0's own output above")
 
 
 def _follow(channel: Channel, supervisor: Supervisor, rank: int, budget: float) -> tuple[int, str]:
