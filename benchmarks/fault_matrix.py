@@ -145,7 +145,7 @@ def scenarios(timeout: float):
         killed_at = time.monotonic()
         kids[0].kill()
         out = proc.communicate(timeout=120)[0]
-        return time.monotonic() - killed_at, verdict(out, "died")
+        return time.monotonic() - killed_at, verdict(out, "killed by")
 
     def ctrl_c():
         e = {**env, "DDPDOCTOR_PLUGINS": "faults", "FAULT_RANK": "0"}
