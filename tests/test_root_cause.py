@@ -160,3 +160,21 @@ def test_torchrun_rank_whose_process_vanished_is_named_and_the_stopped_ranks_sai
     assert text0.count("rank 0 vanished (no verdict, no last words") == 1, text0  # rank 1 alone says it
     assert "the launcher then stopped ranks 1-2 (SIGTERM)" in text0, text0
     assert code0 != 0
+
+
+def test_the_first_own_failure_is_the_cause_and_lost_peer_errors_are_consequences():
+    from ddpdoctor.result import Outcome
+    from ddpdoctor.runner.verdict import dead_outcome, pick_cause
+
+    lost = Outcome(0, Status.CRASH, "check raised RuntimeError: [pair.cc:553] Connection closed by peer",
+                   finding="check-crashed")
+    died = dead_outcome(2, {"signal": None, "code": 0, "log": []}, "collectives")
+    assert died.summary == "exited with code 0 during 'collectives' (before its result: an exit 0 mid-check is not success)"
+    assert died.status == Status.CRASH and "os._exit or sys.exit" in died.hint
+    # the survivor's error was seen first, yet the rank that exited is the cause
+    assert pick_cause({0: lost, 2: died, 1: Outcome(1, Status.PASS, "ok")}, {0: 1.0, 2: 1.001, 1: 0.5}) == 2
+    own = Outcome(1, Status.FAIL, "disk full", hint="free it", finding="disk")
+    assert pick_cause({1: own, 3: Outcome(3, Status.FAIL, "other")}, {1: 2.0, 3: 1.0}) == 3  # earliest wins
+    assert pick_cause({0: Outcome(0, Status.PASS, "ok")}, {0: 1.0}) is None
+    killed = dead_outcome(1, {"signal": "SIGKILL", "code": None, "hint": "oom?", "log": []}, "x")
+    assert killed.summary == "was killed by SIGKILL during 'x'" and killed.hint == "oom?"
