@@ -158,3 +158,33 @@ def test_locate_is_listed_but_not_run_by_default(cli_env):
     from ddpdoctor.runner.registry import select_checks
 
     assert "locate" not in [c.name for c in select_checks()]
+
+
+# -- part B: the straggler inside a running job --------------------------------------------------------
+
+def _events(work: float, wait: float, steps: int, jitter: random.Random) -> list:
+    from ddpdoctor.locate.straggler import Event
+
+    t, out = 0.0, []
+    for _ in range(steps):
+        t += work * jitter.uniform(0.95, 1.05)
+        out.append(Event(t, t + wait))
+        t += wait
+    return out
+
+
+def test_straggler_flagged_after_three_low_windows_and_a_clean_job_flags_no_one():
+    from ddpdoctor.locate.straggler import StragglerTracker
+
+    rng = random.Random(0)
+    tracker, clean = StragglerTracker(), StragglerTracker()
+    flags, clean_flags = [], []
+    for _ in range(5):
+        # rank 2 works 30% longer per step; the others wait for it inside the collective
+        flags.append(tracker.add_window({0: _events(0.10, 0.03, 20, rng), 1: _events(0.10, 0.03, 20, rng),
+                                         2: _events(0.13, 0.001, 20, rng), 3: _events(0.10, 0.03, 20, rng)}))
+        clean_flags += clean.add_window({r: _events(0.10, 0.01, 20, rng) for r in range(4)})
+    assert [[f.rank for f in w] for w in flags] == [[], [], [2], [2], [2]]
+    assert clean_flags == []
+    text = tracker.describe(flags[-1][0], {2: "node2"})
+    assert text.startswith("rank 2 on node2 is a straggler: score 0.7") and "5 windows in a row" in text
