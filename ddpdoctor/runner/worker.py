@@ -105,12 +105,26 @@ EXIT_HINT = ("a rank that ends in the middle of a check (os._exit or sys.exit in
 
 
 def raised_at(exc: BaseException) -> str:
-    """``dir/file.py:88`` of the innermost traceback frame of ``exc`` ("" without a traceback)."""
+    """Where ``exc`` was raised: ``dir/file.py:88`` of the innermost frame and, when that is library
+    code, the innermost frame of the code that called it (``cuda/__init__.py:567, called from
+    process_group (ddpdoctor/check.py:157)``); "" without a traceback."""
     frames = traceback.extract_tb(exc.__traceback__)
     if not frames:
         return ""
-    last = frames[-1]
-    return f"{'/'.join(last.filename.split('/')[-2:])}:{last.lineno}"
+    inner = frames[-1]
+    text = f"{_short(inner.filename)}:{inner.lineno}"
+    if any(p in inner.filename for p in _LIBRARY):
+        caller = next((f for f in reversed(frames) if not any(p in f.filename for p in _LIBRARY)), None)
+        if caller is not None:
+            text += f", called from {caller.name} ({_short(caller.filename)}:{caller.lineno})"
+    return text
+
+
+_LIBRARY = ("/torch/", "/site-packages/", "/dist-packages/", "/lib/python3")
+
+
+def _short(path: str) -> str:
+    return "/".join(path.split("/")[-2:])
 
 
 def _prepare(spec: WorkerSpec) -> Any:
