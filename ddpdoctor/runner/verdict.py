@@ -186,7 +186,8 @@ def compose(t: Trouble, refine: Callable[[CheckResult], CheckResult] = lambda r:
     if finished:
         parts.append(f"{rank_label(finished)} finished")
     fix, known = _known_cause(c)
-    result = CheckResult(t.check.name, c.status, "; ".join(parts), hint=fix or c.hint,
+    generic = c.finding in ("check-crashed", "rank-exited", "rank-killed")  # else the check's own fix stays
+    result = CheckResult(t.check.name, c.status, "; ".join(parts), hint=(fix if generic else "") or c.hint,
                          finding=c.finding, ranks=(cause,), outcomes=tuple(ordered),
                          details=known + progress, duration=duration)
     return result, f"rank {cause} {_short_words(c)}"
