@@ -50,6 +50,8 @@ class Cell:
 def cell_env(base: dict, cell: Cell, stamp: str) -> dict:
     return {**base, "DDPDOCTOR_PLUGINS": "faults", "FAULT_KIND": cell.kind, "FAULT_WHEN": cell.when,
             "FAULT_RANK": str(cell.rank), "FAULT_STAMP": stamp, "FAULT_DELAY": "0.5", "NO_COLOR": "1",
+            # a process killed outright cannot remove its work folder: keep it with the stamp
+            "TMPDIR": os.path.dirname(os.path.abspath(stamp)),
             "PYTHONPATH": TESTS + os.pathsep + base.get("PYTHONPATH", "")}
 
 
