@@ -109,6 +109,15 @@ CAUSES: tuple = (
           "ddpdoctor check --only process-group (one GPU per rank)",
           "call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before init_process_group and pass "
           "device_ids=[local_rank] to DistributedDataParallel"),
+    # -- issue 13 (cause13): a rank asking for a GPU it cannot see ------------------------------
+    Cause("invalid-device-ordinal", "more local ranks than visible GPUs",
+          (r"CUDA error: invalid device ordinal", r"invalid device ordinal"),
+          "A rank asked for cuda:<local_rank> and that GPU does not exist here: more processes per node "
+          "than visible GPUs (torchrun --nproc-per-node above the GPU count), or CUDA_VISIBLE_DEVICES "
+          "hides some of them. That rank fails at once; the others then wait for it.",
+          "nvidia-smi -L (the GPUs this node has); echo $CUDA_VISIBLE_DEVICES; ddpdoctor check --only env",
+          "use --nproc-per-node at most the GPU count (one rank per GPU), or set CUDA_VISIBLE_DEVICES to "
+          "list as many GPUs as local ranks"),
     Cause("ddp-unused-parameters", "DDP unused parameters",
           (r"Expected to have finished reduction in the prior iteration",),
           "Some parameters got no gradient in the last iteration (a branch not taken, a frozen head, an "
