@@ -403,7 +403,7 @@ def explain(text: tuple, log_path: Optional[str], as_json: bool, max_wait: float
 
 
 @cli.command()
-@click.argument("pids", nargs=-1, type=Number(int, 1, 4194304), metavar="[PID]...")
+@click.argument("pids", nargs=-1, type=Number(int, 1, 2147483647), metavar="[PID]...")
 @click.option("--wait", type=Number(float, 0.0, 3600.0, low_open=True, unit="seconds"), default=3.0, show_default=True, help="Seconds to wait for each stack.")
 def stacks(pids: tuple, wait: float) -> int:
     """Print every rank's Python stack, grouped by place (PIDS: a torchrun agent or the ranks; none: find them)."""

@@ -246,7 +246,7 @@ def test_any_string_on_the_command_line_is_a_valid_run_or_exit_2_never_3(option,
     if option == "explain --max-wait":
         args = ["explain", "--max-wait", text, "EADDRINUSE"]  # valid: explains the word, exit 0
     else:
-        args = ["stacks", "--wait", text, "4194304"]  # valid: no such PID, exit 2 after parsing
+        args = ["stacks", "--wait", text, "2147483647"]  # valid: no such PID, exit 2 after parsing
     result = CliRunner().invoke(cli, args)
     assert result.exit_code in (0, 2) and "Traceback" not in result.output, result.output
     if result.exit_code == 2:
@@ -262,7 +262,7 @@ def test_any_string_on_the_command_line_is_a_valid_run_or_exit_2_never_3(option,
     (["run", "--hang-timeout", "0", "--", "true"], "'0' is out of range"),
     (["run", "--hang-timeout", "-1", "--", "true"], "'-1' is out of range"),
     (["run", "--hang-timeout", "nan", "--", "true"], "'nan' is not a finite number"),
-    (["stacks", "--", "-1"], "'-1' is out of range; accepted: an integer from 1 to 4194304"),
+    (["stacks", "--", "-1"], "'-1' is out of range; accepted: an integer from 1 to 2147483647"),
     (["bench", "--max-bytes", "1e3"], "'1e3' is not a size in bytes"),
 ])
 def test_bad_numbers_are_one_line_exit_2_before_any_work(cli_env, args, bad):
