@@ -21,7 +21,7 @@ _LIBRARY = (
     "BarrierTimeoutError", "gather", "all_gather", "gather_object", "gather_for_metrics", "collect_results",
     "reduce_dict", "all_reduce_mean", "CollectiveMismatchError", "load_checkpoint", "CheckpointError",
 )
-_EXPORTS = {name: "ddpdoctor.library" for name in _LIBRARY}
+_EXPORTS = {name: "ddpdoctor.dist" for name in _LIBRARY}
 _EXPORTS |= {
     name: "ddpdoctor.diagnostics"
     for name in (

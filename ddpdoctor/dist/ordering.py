@@ -20,8 +20,9 @@ from typing import Any, Callable, Iterator, Optional, TypeVar
 import torch
 import torch.distributed as dist
 
-from .errors import DdpdoctorError
-from .ranks import get_local_rank, get_node_rank, get_rank, get_world_size, rank_device, require_process_group
+from ddpdoctor.dist.ranks import (get_local_rank, get_node_rank, get_rank, get_world_size, rank_device,
+                                  require_process_group)
+from ddpdoctor.errors import DdpdoctorError
 
 __all__ = [
     "ZeroFirstError",

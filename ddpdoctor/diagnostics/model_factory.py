@@ -14,9 +14,9 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from .check import Check, RankContext, Requirements
-from .errors import UsageError
-from .result import Outcome, format_ranks
+from ddpdoctor.check import Check, RankContext, Requirements
+from ddpdoctor.errors import UsageError
+from ddpdoctor.result import Outcome, format_ranks
 
 __all__ = ["ModelCheck", "TinyConvNet", "LoadedModel", "load_factory", "build_model", "parse_input_shape",
            "guess_input_shape", "load_model", "forward_loss", "rank_batch", "unused_parameters",

@@ -10,63 +10,22 @@ rank's outcome is still reported.
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
-from .check import Check, WorldInfo
-from .control import Channel
-from .result import CheckResult, Outcome, Status, format_ranks, rank_label
-from .supervisor import Supervisor
+from ddpdoctor.check import Check, WorldInfo
+from ddpdoctor.report.progress import Progress
+from ddpdoctor.result import CheckResult, Outcome, Status, format_ranks, rank_label
+from ddpdoctor.runner.channel import Channel
+from ddpdoctor.runner.supervisor import Supervisor
+from ddpdoctor.system.stackframes import where_hung
 
-__all__ = ["Coordinator", "Progress", "where_hung"]
+__all__ = ["Coordinator", "interrupted_results"]
 
 POLL = 0.005
 DEATH_GRACE = 2.0  # seconds the others get to report after a rank died
 UNREACHABLE = "no answer"  # a silent rank whose supervisor did not answer the stack request either
-
-
-class Progress:
-    """Receives check start/end events (the terminal report shows progress through this)."""
-
-    def greeted(self, world: WorldInfo) -> None:  # pragma: no cover - interface
-        pass
-
-    def started(self, name: str) -> None:  # pragma: no cover - interface
-        pass
-
-    def finished(self, result: CheckResult) -> None:  # pragma: no cover - interface
-        pass
-
-
-_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
-_OURS = ("/threading.py", "/ddpdoctor/worker.py", "/ddpdoctor/control.py", "/ddpdoctor/supervisor.py",
-         "/ddpdoctor/runner.py", "/ddpdoctor/joined.py", "/ddpdoctor/cli.py")
-_LIBRARY = ("/torch/", "/site-packages/", "/dist-packages/", "/lib/python3")
-
-
-def _short(path: str) -> str:
-    return "/".join(path.split("/")[-2:])
-
-
-def where_hung(stack: str) -> str:
-    """Where a faulthandler dump's main thread is: ``all_reduce, called from run (pkg/train.py:88)``.
-
-    The innermost frame names the call that blocks (often torch's); the innermost frame outside
-    torch and the standard library names the code that made it.
-    """
-    blocks = re.split(r"\n(?=Thread 0x|Current thread 0x)", stack.strip())
-    main = next((b for b in blocks if b.startswith("Current thread")), blocks[0] if blocks else "")
-    frames = [m for m in _FRAME.finditer(main) if not m.group("file").endswith(_OURS)]  # innermost first
-    if not frames:
-        return "an unknown place (no Python stack)"
-    inner = frames[0]
-    caller = next((m for m in frames if not any(p in m.group("file") for p in _LIBRARY)), None)
-    if caller is None or caller is inner:
-        m = caller or inner
-        return f"{m.group('func')} ({_short(m.group('file'))}:{m.group('line')})"
-    return f"{inner.group('func')}, called from {caller.group('func')} ({_short(caller.group('file'))}:{caller.group('line')})"
 
 
 @dataclass

@@ -15,17 +15,19 @@ import tempfile
 import time
 from typing import Optional, Sequence
 
-from .check import Check, WorldInfo
-from .checks.port import bind_master, probe_connect
-from .control import Channel, ChannelLost, connect_store, host_store
-from .coordinator import Coordinator, Progress, interrupted_results
-from .errors import UsageError
-from .launcher import LaunchInfo
-from .report import RunReport
-from .result import CheckResult, Outcome, Status
-from .runner import Interrupted, RunOptions, RunOutcome, _terminate_as_interrupt, visible_gpus
-from .supervisor import Supervisor
-from .worker import WorkerSpec
+from ddpdoctor.check import Check, WorldInfo
+from ddpdoctor.dist.launcher import LaunchInfo
+from ddpdoctor.errors import UsageError
+from ddpdoctor.report.document import RunReport
+from ddpdoctor.report.progress import Progress
+from ddpdoctor.result import CheckResult, Outcome, Status
+from ddpdoctor.runner.channel import Channel, ChannelLost, connect_store, host_store
+from ddpdoctor.runner.lockstep import Coordinator, interrupted_results
+from ddpdoctor.runner.options import Interrupted, RunOptions, RunOutcome, terminate_as_interrupt
+from ddpdoctor.runner.supervisor import Supervisor
+from ddpdoctor.runner.worker import WorkerSpec
+from ddpdoctor.system.nvml import visible_gpus
+from ddpdoctor.system.ports import bind_master, probe_connect
 
 __all__ = ["run_joined", "run_id"]
 
@@ -97,7 +99,7 @@ def run_joined(opts: RunOptions, info: LaunchInfo, checks: Sequence[Check], prog
     code = 1
     message = ""
     try:
-        with _terminate_as_interrupt():
+        with terminate_as_interrupt():
             supervisor.start([spec])
             if sock is not None:
                 store = host_store(sock.detach(), addr, port, opts.timeout)

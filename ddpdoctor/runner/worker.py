@@ -19,9 +19,9 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Sequence
 
-from .check import Check, RankContext
-from .control import Channel, ChannelLost, connect_store
-from .result import Outcome, Status
+from ddpdoctor.check import Check, RankContext
+from ddpdoctor.result import Outcome, Status
+from ddpdoctor.runner.channel import Channel, ChannelLost, connect_store
 
 __all__ = ["WorkerSpec", "worker_main", "run_guarded", "set_parent_death_signal"]
 
@@ -102,7 +102,7 @@ def _prepare(spec: WorkerSpec) -> Any:
     import torch
 
     torch.set_num_threads(1)
-    from . import nvml
+    from ddpdoctor.system import nvml
 
     nvml.forget()  # NVML state is per process: never use the supervisor's handle after fork
     return log, stack_file
@@ -146,7 +146,7 @@ def worker_main(spec: WorkerSpec) -> NoReturn:
 
 
 def _hello(spec: WorkerSpec) -> dict[str, Any]:
-    from . import nvml
+    from ddpdoctor.system import nvml
 
     return {
         "rank": spec.rank,

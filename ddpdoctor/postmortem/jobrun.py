@@ -9,7 +9,7 @@ Job states (the state machine of :func:`run_job`)::
 
 What is added to the job (and nothing else): a ``sitecustomize.py`` on ``PYTHONPATH`` that, in each
 rank, registers faulthandler on SIGUSR2 and keeps a one-line heartbeat of where the main thread is
-(see :mod:`ddpdoctor.inject.sitecustomize`); PyTorch's own NCCL timeout diagnostics
+(see :mod:`ddpdoctor.postmortem.inject.sitecustomize`); PyTorch's own NCCL timeout diagnostics
 (``TORCH_NCCL_DUMP_ON_TIMEOUT=1``: the Flight Recorder writes its trace into the run directory) unless
 the user set them. A rank counts as making progress when its main thread moved since the last look,
 its CPU time grew by more than half a core, or the job wrote output. A job is stopped only after a
@@ -34,7 +34,7 @@ from typing import IO, Optional
 
 import psutil
 
-from .exitcodes import ExitCode
+from ddpdoctor.exitcodes import ExitCode
 
 __all__ = ["RunSpec", "run_job", "job_env"]
 
@@ -252,7 +252,7 @@ def _stop(proc: subprocess.Popen, watch: _Watch, grace: float) -> None:
 
 
 def _read_live(watch: _Watch, run_dir: str, wait: float, only_read: bool = False) -> list:
-    from .stacks import RankProcess, read_stacks
+    from ddpdoctor.postmortem.stacks import RankProcess, read_stacks
 
     live = [r for r in watch.rank_procs() if r.alive and psutil.pid_exists(r.pid) and not _zombie(r.pid)]
     readings = read_stacks([RankProcess(r.pid, r.rank, run_dir=run_dir) for r in live], wait)
@@ -262,8 +262,9 @@ def _read_live(watch: _Watch, run_dir: str, wait: float, only_read: bool = False
 def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, headline: str, with_stacks: bool,
              readings: Optional[list] = None) -> list:
     """Grouped stacks (when asked) and what explain makes of the log; saved in the run directory."""
-    from .explain import explain_text, first_failure, render_matches
-    from .stacks import render_groups
+    from ddpdoctor.causes.matcher import explain_text, first_failure
+    from ddpdoctor.postmortem.explain import render_matches
+    from ddpdoctor.postmortem.stacks import render_groups
 
     lines = [f"ddpdoctor run: {headline}"]
     readings = list(readings or [])
@@ -307,7 +308,7 @@ def run_job(spec: RunSpec) -> int:
     Raises:
         UsageError: the command cannot be started.
     """
-    from .errors import UsageError
+    from ddpdoctor.errors import UsageError
 
     run_dir, inject = _prepare_dir(spec)
     env = job_env(run_dir, inject, dict(os.environ))

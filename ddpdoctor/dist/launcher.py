@@ -16,7 +16,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
-from .errors import LauncherError
+from ddpdoctor.errors import LauncherError
 
 __all__ = ["LaunchInfo", "detect", "expand_hostlist", "derive_port"]
 

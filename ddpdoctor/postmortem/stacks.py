@@ -21,8 +21,8 @@ from typing import Optional, Sequence
 
 import psutil
 
-from .coordinator import where_hung
-from .result import format_ranks
+from ddpdoctor.result import format_ranks
+from ddpdoctor.system.stackframes import where_hung
 
 __all__ = ["RankProcess", "StackReading", "find_ranks", "read_stack", "read_stacks", "group_by_place",
            "render_groups", "pyspy_to_faulthandler", "stacks_command"]
@@ -119,7 +119,7 @@ def find_ranks(pids: Sequence[int] = ()) -> list:
     Raises:
         UsageError: a PID that does not exist.
     """
-    from .errors import UsageError
+    from ddpdoctor.errors import UsageError
 
     found: list = []
     if pids:
@@ -326,7 +326,7 @@ def stacks_command(pids: Sequence[int], wait: float) -> int:
     """``ddpdoctor stacks``: print grouped stacks; exit 1 when no rank's stack could be read."""
     import click
 
-    from .errors import UsageError
+    from ddpdoctor.errors import UsageError
 
     procs = find_ranks(pids)
     if not procs:

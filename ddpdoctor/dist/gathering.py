@@ -20,8 +20,8 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import torch
 import torch.distributed as dist
 
-from .errors import DdpdoctorError
-from .ranks import get_rank, get_world_size, rank_device, require_process_group
+from ddpdoctor.dist.ranks import get_rank, get_world_size, rank_device, require_process_group
+from ddpdoctor.errors import DdpdoctorError
 
 __all__ = [
     "CollectiveMismatchError",

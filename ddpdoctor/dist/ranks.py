@@ -15,8 +15,8 @@ from typing import Mapping, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from .errors import DdpdoctorError
-from .launcher import detect
+from ddpdoctor.dist.launcher import detect
+from ddpdoctor.errors import DdpdoctorError
 
 __all__ = [
     "RankInfo",

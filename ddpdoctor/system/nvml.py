@@ -10,10 +10,11 @@ Tests replace the one seam, :func:`load`, with a fake that has the same methods 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-__all__ = ["GpuInfo", "Nvml", "load", "set_loader", "forget"]
+__all__ = ["GpuInfo", "Nvml", "load", "set_loader", "forget", "visible_gpus"]
 
 log = logging.getLogger(__name__)
 
@@ -161,3 +162,17 @@ def set_loader(loader: Optional[Callable[[], Nvml]]) -> None:
     global _loader, _instance
     _loader = loader or _default_loader
     _instance = None
+
+
+def visible_gpus(view: Optional[Nvml] = None, environ: Optional[dict] = None) -> int:
+    """GPUs this process may use: NVML's count, narrowed by CUDA_VISIBLE_DEVICES (no CUDA init)."""
+    view = view or load()
+    env = os.environ if environ is None else environ
+    count = view.device_count()
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    if cvd is None:
+        return count
+    entries = [e for e in cvd.split(",") if e.strip()]
+    if entries and entries[0].strip().lstrip("-").isdigit() and int(entries[0]) < 0:
+        return 0
+    return min(count, len(entries))

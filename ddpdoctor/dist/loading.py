@@ -9,8 +9,8 @@ from typing import Any, Callable, Mapping, Union
 
 import torch
 
-from .errors import DdpdoctorError
-from .ranks import get_local_rank, get_rank
+from ddpdoctor.dist.ranks import get_local_rank, get_rank
+from ddpdoctor.errors import DdpdoctorError
 
 __all__ = ["CheckpointError", "load_checkpoint"]
 

@@ -7,8 +7,8 @@ import importlib
 import os
 from typing import Iterable, Mapping, Optional, Sequence
 
-from .check import Check
-from .errors import UsageError
+from ddpdoctor.check import Check
+from ddpdoctor.errors import UsageError
 
 __all__ = ["all_checks", "select_checks"]
 
@@ -42,7 +42,7 @@ def plugin_checks(environ: Optional[Mapping[str, str]] = None) -> list[type[Chec
 
 def all_checks() -> list[type[Check]]:
     """Every check class (built-in, then plugins), in run order (slow ones last)."""
-    from .checks import ALL
+    from ddpdoctor.checks import ALL
 
     every = list(ALL)
     names = {c.name for c in every}

@@ -10,73 +10,27 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
-from . import launcher, nvml
-from .check import Check, WorldInfo
-from .control import Channel, host_store
-from .coordinator import Coordinator, Progress, interrupted_results
-from .errors import UsageError
-from .registry import select_checks
-from .report import RunReport
-from .supervisor import Supervisor
-from .worker import WorkerSpec
+from ddpdoctor.check import Check, WorldInfo
+from ddpdoctor.dist import launcher
+from ddpdoctor.errors import UsageError
+from ddpdoctor.report.document import RunReport
+from ddpdoctor.report.progress import Progress
+from ddpdoctor.runner.channel import Channel, host_store
+from ddpdoctor.runner.lockstep import Coordinator, interrupted_results
+from ddpdoctor.runner.options import Interrupted, RunOptions, RunOutcome, terminate_as_interrupt
+from ddpdoctor.runner.registry import select_checks
+from ddpdoctor.runner.supervisor import Supervisor
+from ddpdoctor.runner.worker import WorkerSpec
+from ddpdoctor.system.nvml import visible_gpus
 
-__all__ = ["RunOptions", "Interrupted", "run_checks", "resolve_world", "visible_gpus"]
+__all__ = ["run_checks", "resolve_world"]
 
 BACKENDS = ("gloo", "nccl")
-
-
-class Interrupted(BaseException):
-    """SIGTERM (or SIGINT) reached the supervising process."""
-
-    def __init__(self, signame: str) -> None:
-        super().__init__(signame)
-        self.signame = signame
-
-
-@dataclass
-class RunOptions:
-    """What ``ddpdoctor check`` was asked to do (defaults match the CLI's)."""
-
-    nproc: Optional[int] = None
-    backend: Optional[str] = None
-    master_addr: str = "127.0.0.1"
-    master_port: int = 0
-    only: Sequence[str] = ()
-    skip: Sequence[str] = ()
-    timeout: float = 30.0
-    mode: str = "auto"  # auto | local | join
-    strict: bool = False
-    options: dict = field(default_factory=dict)
-
-
-@dataclass
-class RunOutcome:
-    """What a run produced here: the report (on the reporting process) and the exit code."""
-
-    report: Optional[RunReport]
-    exit_code: int
-    message: str = ""
-
-
-def visible_gpus(view: Optional[nvml.Nvml] = None, environ: Optional[dict] = None) -> int:
-    """GPUs this process may use: NVML's count, narrowed by CUDA_VISIBLE_DEVICES (no CUDA init)."""
-    view = view or nvml.load()
-    env = os.environ if environ is None else environ
-    count = view.device_count()
-    cvd = env.get("CUDA_VISIBLE_DEVICES")
-    if cvd is None:
-        return count
-    entries = [e for e in cvd.split(",") if e.strip()]
-    if entries and entries[0].strip().lstrip("-").isdigit() and int(entries[0]) < 0:
-        return 0
-    return min(count, len(entries))
 
 
 def resolve_world(opts: RunOptions, gpus: Optional[int] = None, nccl_built: Optional[bool] = None) -> tuple[int, str]:
@@ -131,7 +85,7 @@ def run_checks(opts: RunOptions, progress: Optional[Progress] = None) -> RunOutc
         type(check).prepare(opts.options)
     progress = progress or Progress()
     if joined:
-        from .joined import run_joined
+        from ddpdoctor.runner.joined import run_joined
 
         return run_joined(opts, info, checks, progress)
     return _run_local(opts, checks, progress)
@@ -139,7 +93,7 @@ def run_checks(opts: RunOptions, progress: Optional[Progress] = None) -> RunOutc
 
 def _validate_options(options: dict) -> None:
     """Check options that name user code, before any rank starts (one line and exit 2 if wrong)."""
-    from .model_factory import load_factory, parse_input_shape
+    from ddpdoctor.diagnostics.model_factory import load_factory, parse_input_shape
 
     if options.get("input_shape") is not None:
         options["input_shape"] = parse_input_shape(options["input_shape"])
@@ -148,7 +102,7 @@ def _validate_options(options: dict) -> None:
 
 
 def _run_local(opts: RunOptions, checks: Sequence[Check], progress: Progress) -> RunOutcome:
-    from .checks.port import bind_master
+    from ddpdoctor.system.ports import bind_master
 
     nproc, backend = resolve_world(opts)
     start = time.monotonic()
@@ -181,7 +135,7 @@ def _run_local(opts: RunOptions, checks: Sequence[Check], progress: Progress) ->
     store = None
     coordinator: Optional[Coordinator] = None
     try:
-        with _terminate_as_interrupt():
+        with terminate_as_interrupt():
             supervisor.start(specs)
             store = host_store(sock.detach(), store_addr, store_port, opts.timeout)
             channel = Channel(store, prefix)
@@ -226,20 +180,3 @@ def _loopback_pins(addr: str) -> dict[str, str]:
     return {}
 
 
-class _terminate_as_interrupt:
-    """Within the block, SIGTERM raises :class:`Interrupted` (Ctrl-C raises KeyboardInterrupt)."""
-
-    def __enter__(self) -> None:
-        self.previous = signal.getsignal(signal.SIGTERM)
-
-        def handler(signum: int, frame: Any) -> None:
-            raise Interrupted("SIGTERM")
-
-        try:
-            signal.signal(signal.SIGTERM, handler)
-        except ValueError:  # not the main thread
-            self.previous = None
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGTERM, self.previous)

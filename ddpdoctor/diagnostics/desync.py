@@ -28,8 +28,8 @@ from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
-from .errors import DdpdoctorError
-from .wrapped import unwrap_module
+from ddpdoctor.diagnostics.wrapped import unwrap_module
+from ddpdoctor.errors import DdpdoctorError
 
 __all__ = ["assert_in_sync", "DesyncError", "TensorMismatch", "fingerprint"]
 

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import torch
 
-from .wrapped import unwrap_module
+from ddpdoctor.diagnostics.wrapped import unwrap_module
 
 __all__ = ["bn_divergence", "sync_bn_stats", "batchnorm_layers"]
 

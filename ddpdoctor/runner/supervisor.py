@@ -20,10 +20,11 @@ import time
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from .control import Channel
-from .worker import STACK_SIGNAL, WorkerSpec, worker_main
+from ddpdoctor.runner.channel import Channel
+from ddpdoctor.runner.worker import STACK_SIGNAL, WorkerSpec, worker_main
+from ddpdoctor.system.signals import describe_exit
 
-__all__ = ["Supervisor", "Worker", "WorkerState", "describe_exit", "signal_hint"]
+__all__ = ["Supervisor", "Worker", "WorkerState", "tail"]
 
 
 class WorkerState(enum.Enum):
@@ -45,34 +46,6 @@ class Worker:
     @property
     def rank(self) -> int:
         return self.spec.rank
-
-
-_SIGNAL_HINTS = {
-    signal.SIGKILL: "SIGKILL is often the kernel's OOM killer: check `dmesg | grep -i oom` and lower memory per rank",
-    signal.SIGSEGV: "a native crash: rerun with TORCH_SHOW_CPP_STACKTRACES=1 and check library versions",
-    signal.SIGBUS: "often /dev/shm too small (Docker: --shm-size=8g or --ipc=host)",
-    signal.SIGABRT: "a native abort (NCCL or a C++ assertion): read the rank's log above the abort",
-}
-
-
-def describe_exit(wait_status: int, pid: int) -> dict:
-    """How a process ended, as JSON: ``{"signal": "SIGSEGV", "text": "...", "hint": ...}``."""
-    if os.WIFSIGNALED(wait_status):
-        num = os.WTERMSIG(wait_status)
-        try:
-            name = signal.Signals(num).name
-        except ValueError:
-            name = f"signal {num}"
-        return {"signal": name, "code": None,
-                "text": f"{name} received by PID {pid} (signal {num})",
-                "hint": signal_hint(num)}
-    code = os.WEXITSTATUS(wait_status)
-    return {"signal": None, "code": code, "text": f"PID {pid} exited with code {code} before reporting",
-            "hint": "read the rank's log in the details (-v); an os._exit or sys.exit in imported code ends a rank silently"}
-
-
-def signal_hint(num: int) -> str:
-    return _SIGNAL_HINTS.get(num, "find who sent the signal (job scheduler, OOM killer, a user)")
 
 
 class Supervisor:

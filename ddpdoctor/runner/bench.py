@@ -12,8 +12,8 @@ import re
 import sys
 from typing import Optional, Sequence
 
-from .errors import UsageError
-from .exitcodes import ExitCode
+from ddpdoctor.errors import UsageError
+from ddpdoctor.exitcodes import ExitCode
 
 __all__ = ["parse_bytes", "run_bench"]
 
@@ -41,10 +41,11 @@ def run_bench(*, nproc: Optional[int], backend: Optional[str], master_addr: str,
     Raises:
         UsageError: bad sizes or operation names (exit 2), before anything starts.
     """
-    from .checks.collectives import bench_rows
-    from .collectives import render_table, select_ops
-    from .report import Style, footer, header, render_result
-    from .runner import RunOptions, run_checks
+    from ddpdoctor.checks.collectives import bench_rows
+    from ddpdoctor.diagnostics.collective_plan import render_table, select_ops
+    from ddpdoctor.report.terminal import Style, footer, header, render_result
+    from ddpdoctor.runner.options import RunOptions
+    from ddpdoctor.runner.local import run_checks
 
     lo, hi = parse_bytes(min_bytes, "--min-bytes"), parse_bytes(max_bytes, "--max-bytes")
     if lo > hi:
