@@ -32,7 +32,9 @@ def test_corpus_shape():
     ids = [c["id"] for c in CASES]
     assert len(ids) == len(set(ids))
     held = [c for c in CASES if c["heldout"]]
-    assert [c["id"] for c in held] == [c["id"] for c in CASES if int(c["id"]) % 5 == 0]  # the rule fixed up front
+    assert [c["id"] for c in held] == [c["id"] for c in CASES if int(c["id"]) % 5 == 0 and not c["late"]]
+    late = [int(c["id"]) for c in CASES if c["late"]]
+    assert late and late == list(range(late[0], len(CASES) + 1))  # appended after the freeze, never held out
     kinds = {c["kind"] for c in CASES}
     assert {"version", "network", "launch", "ddp-cuda", "memory", "timeout"} <= kinds
     for case in CASES:

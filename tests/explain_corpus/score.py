@@ -1,6 +1,7 @@
 """Score ``ddpdoctor explain`` on the corpus: right / partial / wrong / unknown for every case.
 
-    python tests/explain_corpus/score.py              # the table: all cases, the held-out fifth, per kind
+    python tests/explain_corpus/score.py              # the table: all cases, the held-out fifth, the late
+                                                      # cases (written after the catalogue froze), per kind
     python tests/explain_corpus/score.py --cases      # one line per case
     python tests/explain_corpus/score.py --write-baseline   # record which cases are right now
 
@@ -44,6 +45,7 @@ def load_cases() -> list:
     for row in rows:
         row["alt"] = {a for a in row["alt"].split(",") if a}
         row["related"] = {a for a in row["related"].split(",") if a}
+        row["late"] = row["heldout"] == "late"
         row["heldout"] = row["heldout"] == "yes"
     return rows
 
@@ -86,7 +88,8 @@ def table(results: list) -> list:
                 f"  wrong {c['wrong']:>3}  unknown {c['unknown']:>3}")
     lines = [line("all cases", results),
              line("held-out fifth", [r for r in results if r[0]["heldout"]]),
-             line("written-for (4/5)", [r for r in results if not r[0]["heldout"]]), ""]
+             line("written-for (4/5)", [r for r in results if not r[0]["heldout"] and not r[0]["late"]]),
+             line("late (after freeze)", [r for r in results if r[0]["late"]]), ""]
     for key in ("kind", "launcher"):
         groups = defaultdict(list)
         for r in results:
@@ -102,7 +105,7 @@ def main(argv=None) -> int:
     results = run()
     if "--cases" in argv:
         for case, found, outcome in results:
-            mark = "H" if case["heldout"] else " "
+            mark = "H" if case["heldout"] else "L" if case["late"] else " "
             print(f"{case['id']} {mark} {outcome:<8} expect {case['expect']:<26} found {','.join(found) or '-'}")
         print()
     print("\n".join(table(results)).rstrip())
