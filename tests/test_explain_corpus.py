@@ -77,3 +77,16 @@ def test_score_script_prints_the_table(capsys):
     out = capsys.readouterr().out
     assert out.startswith("all cases") and "held-out fifth" in out
 
+
+
+def test_readme_states_the_measured_score(results):
+    """The README's score line is the one this corpus gives today."""
+    with open(os.path.join(os.path.dirname(score.HERE), os.pardir, "README.md"), encoding="utf-8") as f:
+        readme = " ".join(f.read().split())
+    outcomes = list(results.values())
+    right = sum(1 for _, o in outcomes if o == "right")
+    late = [results[c["id"]][1] for c in CASES if c["late"]]
+    held = [results[c["id"]][1] for c in CASES if c["heldout"]]
+    assert f"Score: {right} of {len(CASES)} cases right ({100.0 * right / len(CASES):.1f}%), none wrong" in readme
+    assert f"{held.count('right')} of {len(held)} right" in readme
+    assert f"{late.count('right')} of {len(late)} right ({100.0 * late.count('right') / len(late):.1f}%)" in readme
