@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "explain_corpus"))
 
-import score  # noqa: E402
+import score
 
 CASES = score.load_cases()
 with open(score.BASELINE, encoding="utf-8") as _f:

@@ -13,10 +13,10 @@ import subprocess
 import sys
 
 import pytest
+from jobscripts import free_port
 
 from ddpdoctor.causes.here import Probe, check_here, gather_facts, render_here
 from ddpdoctor.causes.matcher import explain_text
-from jobscripts import free_port
 
 CMD = [sys.executable, "-m", "ddpdoctor"]
 CASES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "explain_corpus", "cases")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["Cause", "CAUSES"]
+__all__ = ["CAUSES", "Cause"]
 
 @dataclass(frozen=True)
 class Cause:

@@ -60,7 +60,6 @@ _WINDOWS = re.compile(r"[A-Z]:\\\\|[A-Z]:\\[A-Za-z]|\.exe\b|Windows")
 _LR_PASSED = re.compile(r"unrecognized arguments: (--local[-_]rank)")
 _LR_DECLARED = re.compile(r"\[(--local[-_]rank) ")
 _MEM_LINE = re.compile(r"CPU Virtual Memory:.*percent = (\d+(?:\.\d+)?)%")
-_TORCH_VER = re.compile(r"^torch\s+(\d+\.\d+\S*)|^(\d\.\d+\.\d+\+cu\d+)$")
 
 
 @dataclass
@@ -93,7 +92,6 @@ class Evidence:
     lr_passed: str = ""
     lr_declared: str = ""
     host_mem_pct: Optional[float] = None
-    torch_version: str = ""
 
 
 def gather(lines: Sequence[str]) -> Evidence:
@@ -141,8 +139,8 @@ def gather(lines: Sequence[str]) -> Evidence:
                 ev.ifnames.append((m.group(1), m.group(2)))
         if "Unable to find address for" in line:
             m = _NO_ADDR.search(line)
-            if m and ("GLOO", m.group(1)) not in ev.ifnames:
-                ev.ifnames.append(("GLOO", m.group(1)))
+            if m and not any(v == m.group(1) for _, v in ev.ifnames):
+                ev.ifnames.append(("lookup", m.group(1)))  # an interface name, or a host name gloo looked up
         if not ev.slurm and _SLURM.search(line):
             ev.slurm = True
         if "MEMBER:" in line:
@@ -180,10 +178,6 @@ def gather(lines: Sequence[str]) -> Evidence:
             m = _MEM_LINE.search(line)
             if m:
                 ev.host_mem_pct = float(m.group(1))
-        if not ev.torch_version and line[:6] in ("torch ", "torch=") or line[:1].isdigit():
-            m = _TORCH_VER.search(line.strip())
-            if m:
-                ev.torch_version = m.group(1) or m.group(2)
     return ev
 
 
@@ -234,9 +228,8 @@ def refine(lines: Sequence[str], found: dict, by_id: dict, make: Callable) -> Ev
             found[cid].extra = f"{found[cid].extra} {text}".strip()
 
     # Settings already present: find_unused_parameters=True is on, so that advice cannot be the fix.
-    if "ddp-unused-parameters" in found and ev.find_unused_on:
-        if add("ddp-unused-already-on", like="ddp-unused-parameters"):
-            note("ddp-unused-already-on", f"The log shows it on: '{ev.find_unused_on}'.")
+    if "ddp-unused-parameters" in found and ev.find_unused_on and add("ddp-unused-already-on", like="ddp-unused-parameters"):
+        note("ddp-unused-already-on", f"The log shows it on: '{ev.find_unused_on}'.")
 
     # SyncBatchNorm in the traceback of "no default process group".
     if "no-default-process-group" in found and ev.syncbn:
@@ -299,10 +292,9 @@ def refine(lines: Sequence[str], found: dict, by_id: dict, make: Callable) -> Ev
 
     # Names and versions the job printed.
     if "socket-ifname-missing" in found and ev.ifnames:
-        names = ", ".join(f"{k}_SOCKET_IFNAME={v}" if not v.startswith("^") or k == "GLOO" else f"{k}_SOCKET_IFNAME={v}"
-                          for k, v in ev.ifnames)
+        names = ", ".join(v if k == "lookup" else f"{k}_SOCKET_IFNAME={v}" for k, v in ev.ifnames)
         note("socket-ifname-missing", f"The log names: {names}.")
-        if any(k == "GLOO" and v.startswith("^") for k, v in ev.ifnames):
+        if any(k in ("GLOO", "lookup") and v.startswith("^") for k, v in ev.ifnames):
             note("socket-ifname-missing", "GLOO_SOCKET_IFNAME was given an ^exclusion list; gloo takes one interface name.")
     if "cuda-arch-unsupported" in found:
         if ev.gpu_arch:

@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 from ddpdoctor.causes.evidence import gather
 from ddpdoctor.system import nvml
 
-__all__ = ["HostFacts", "Probe", "Check", "gather_facts", "check_here", "render_here"]
+__all__ = ["Check", "HostFacts", "Probe", "check_here", "gather_facts", "render_here"]
 
 
 @dataclass
@@ -166,7 +166,10 @@ def check_here(matches: Sequence, text: str, facts: HostFacts) -> list:
         if not names:
             say("socket-ifname-missing", "unknown", f"the log names no interface; this host has: {have}")
         for name in names:
-            if _iface_exists(name, facts.interfaces):
+            if "." in name or name == facts.hostname:
+                say("socket-ifname-missing", "unknown",
+                    f"{name} is a host name, not an interface: check that it resolves (getent hosts {name})")
+            elif _iface_exists(name, facts.interfaces):
                 say("socket-ifname-missing", "ruled out",
                     f"interface {name} exists here ({have}): the job ran on another host or network namespace")
             else:

@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 from ddpdoctor.causes.matcher import Match, explain_text, first_failure
 from ddpdoctor.result import format_ranks
 
-__all__ = ["render_matches", "read_input", "explain_command"]
+__all__ = ["explain_command", "read_input", "render_matches"]
 
 
 def render_matches(matches: Sequence[Match], source: str, first: Optional[str] = None) -> list:

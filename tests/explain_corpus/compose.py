@@ -18,8 +18,18 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from frames import (CONDA, SITE, deepspeed, interleave, launch_legacy, lightning_banner, nccl_info,  # noqa: E402
-                    slurm, spawn, spawn_signal, tb, torchrun)
+from frames import (
+    CONDA,
+    SITE,
+    deepspeed,
+    launch_legacy,
+    lightning_banner,
+    nccl_info,
+    slurm,
+    spawn,
+    tb,
+    torchrun,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CASES: list = []
@@ -683,7 +693,7 @@ add("ordinal-runx-8-procs", "more-ranks-than-gpus",
     "the number of GPUs",
     "NVIDIA/semantic-segmentation#68", "launch", "launch",
     ["python -m torch.distributed.launch --nproc_per_node=8 train.py --dataset cityscapes --eval val"]
-    + launch_legacy({r: [f"THCudaCheck FAIL file=/opt/conda/conda-bld/pytorch_1595629403081/work/torch/csrc/cuda/Module.cpp "
+    + launch_legacy({r: ["THCudaCheck FAIL file=/opt/conda/conda-bld/pytorch_1595629403081/work/torch/csrc/cuda/Module.cpp "
                          "line=59 error=101 : invalid device ordinal"]
                      + tb([U(282, "<module>", "torch.cuda.set_device(args.local_rank)")] + SETDEV,
                           "RuntimeError: cuda runtime error (101) : invalid device ordinal at "

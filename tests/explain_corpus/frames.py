@@ -195,7 +195,7 @@ def slurm(lines, *, label=False, fails=(), node="gpu-a-017", step="4412873.0", t
         what = f"Exited with exit code {verdict}" if isinstance(verdict, int) else verdict
         out.append(f"srun: error: {node}: task {task}: {what}")
     if fails:
-        out.append(f"srun: Job step aborted: Waiting up to 32 seconds for job step to finish.")
+        out.append("srun: Job step aborted: Waiting up to 32 seconds for job step to finish.")
     return out
 
 

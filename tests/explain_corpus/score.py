@@ -33,7 +33,9 @@ OUTCOMES = ("right", "partial", "wrong", "unknown")
 
 def _explain_text():
     try:
-        from ddpdoctor.causes.matcher import explain_text  # after the layout move (issue 11)
+        from ddpdoctor.causes.matcher import (
+            explain_text,  # after the layout move (issue 11)
+        )
     except ImportError:
         from ddpdoctor.explain import explain_text
     return explain_text
