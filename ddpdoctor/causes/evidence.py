@@ -116,10 +116,10 @@ def gather(lines: Sequence[str]) -> Evidence:
             ev.errno13 = line.strip()[:200]
         if not ev.semlock and _SEMLOCK.search(line):
             ev.semlock = True
-        if _LONG_TASK.search(line):
-            m = _ELAPSED.search(line)
+        if "<" in line and _LONG_TASK.search(line):
+            m = _ELAPSED.search(line)  # a progress bar's elapsed time: [29:55<4:48:08
             secs = (int(m.group(1) or 0) * 3600 + int(m.group(2)) * 60 + int(m.group(3))) if m else 0
-            if secs >= ev.long_task_s and (secs or not ev.long_task):
+            if secs > ev.long_task_s:
                 ev.long_task, ev.long_task_s = line.strip()[:200], secs
         if "Timeout(ms)=" in line and ev.timeout_ms is None:
             m = _TIMEOUT_MS.search(line)
@@ -241,7 +241,10 @@ def refine(lines: Sequence[str], found: dict, by_id: dict, make: Callable) -> Ev
 
     # A timeout while one rank's long task was still running.
     timed_out = [c for c in ("nccl-watchdog-timeout", "store-timeout") if c in found]
-    if timed_out and ev.long_task:
+    # Long: at least half the timeout when the log gives it, else five minutes; a short validation pass
+    # next to a real hang is not the cause.
+    long_enough = ev.long_task_s >= (ev.timeout_ms // 2000 if ev.timeout_ms else 300)
+    if timed_out and ev.long_task and long_enough:
         limit = f" (the timeout was {ev.timeout_ms // 1000} s)" if ev.timeout_ms else ""
         if add("slow-rank-timeout", ev.long_task, like=timed_out[0]):
             took = f" after {_fmt_secs(ev.long_task_s)}" if ev.long_task_s else ""
@@ -255,6 +258,9 @@ def refine(lines: Sequence[str], found: dict, by_id: dict, make: Callable) -> Ev
     if "duplicate-gpu" in found and too_many:
         add("more-ranks-than-gpus", like="duplicate-gpu")
         note("more-ranks-than-gpus", counts)
+    elif "duplicate-gpu" in found and ev.nproc is not None and ev.visible_gpus is not None:
+        note("duplicate-gpu", f"The log starts {ev.nproc} processes per node with {ev.visible_gpus} visible GPUs, "
+                              "enough for one each: the ranks did not pick their own.")
     elif "duplicate-gpu" in found:
         note("duplicate-gpu", "If the node has fewer GPUs than processes, it is that instead: compare "
                               "--nproc-per-node with nvidia-smi -L (the log does not show both counts).")
