@@ -173,3 +173,51 @@ def test_real_machine_rules_out_a_corpus_cause(cli_env):
     have_eth0 = any(n.startswith("eth0") for _, n in socket.if_nameindex())
     verdict = "ruled out" if have_eth0 else "confirmed"
     assert f"socket-ifname-missing: {verdict}: " in out.stdout
+
+
+class _FakePynvml:
+    """Just enough of pynvml for compute capability (a lost GPU and NotSupported included)."""
+
+    def __init__(self, caps, init_error=None):
+        self._caps, self._init_error = caps, init_error
+
+    def nvmlInit(self):
+        if self._init_error:
+            raise RuntimeError(self._init_error)
+
+    def nvmlDeviceGetCount(self):
+        return len(self._caps)
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        if self._caps[i] == "lost":
+            raise RuntimeError("GPU is lost")
+        return i
+
+    def nvmlDeviceGetName(self, h):
+        return f"GPU{h}"
+
+    def nvmlDeviceGetCudaComputeCapability(self, h):
+        if self._caps[h] is None:
+            raise RuntimeError("Not Supported")
+        return self._caps[h]
+
+    def __getattr__(self, name):  # every other NVML query: NotSupported
+        def unsupported(*args):
+            raise RuntimeError("Not Supported")
+        return unsupported
+
+
+@pytest.mark.timeout(30)
+def test_compute_capability_comes_from_nvml_per_gpu():
+    from ddpdoctor.system import nvml
+
+    try:
+        nvml.set_loader(lambda: nvml.Nvml(_FakePynvml([(9, 0), (3, 7), "lost", None])))
+        view = nvml.load()
+        assert [view.compute_capability(i) for i in range(4)] == [(9, 0), (3, 7), None, None]
+        count, _, caps = Probe().gpus()
+        assert count == 4 and caps == ["sm_90", "sm_37", None, None]
+        nvml.set_loader(lambda: nvml.Nvml(_FakePynvml([(9, 0)], init_error="Driver Not Loaded")))
+        assert Probe().gpus() == (None, [], [])
+    finally:
+        nvml.set_loader(None)
