@@ -219,7 +219,7 @@ def check_here(matches: Sequence, text: str, facts: HostFacts) -> list:
                     f"this GPU is {', '.join(missing)}; torch {facts.torch_version} has {', '.join(facts.arch_list)}")
             else:
                 say("cuda-arch-unsupported", "ruled out",
-                    f"torch {facts.torch_version} here has kernels for every GPU here ({', '.join(facts.capabilities)})")
+                    f"torch {facts.torch_version} here has kernels for every GPU here ({', '.join(c for c in facts.capabilities if c)})")
     if "nccl-not-built" in ids:
         if facts.nccl_available is None:
             say("nccl-not-built", "unknown", "torch is not importable here")
