@@ -96,6 +96,7 @@ def test_gpu_architecture_against_the_installed_build():
     assert verdicts(ARCH, FakeProbe(gpus=1, caps=["sm_120"])) == {("cuda-arch-unsupported", "confirmed")}
     assert verdicts(ARCH, FakeProbe(gpus=1, caps=["sm_90"])) == {("cuda-arch-unsupported", "ruled out")}
     assert verdicts(ARCH, FakeProbe(gpus=None)) == {("cuda-arch-unsupported", "unknown")}
+    assert verdicts(ARCH, FakeProbe(gpus=2, caps=["sm_90", None])) == {("cuda-arch-unsupported", "ruled out")}
 
 
 @pytest.mark.timeout(30)
