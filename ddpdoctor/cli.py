@@ -395,11 +395,13 @@ def env(as_json: bool) -> int:
 @click.option("--json", "as_json", is_flag=True, help="Print the causes as JSON.")
 @click.option("--max-wait", type=Number(**SECONDS), default=30.0, show_default=True,
               help="For a pipe, FIFO or device: stop reading after this many seconds.")
-def explain(text: tuple, log_path: Optional[str], as_json: bool, max_wait: float) -> int:
+@click.option("--here", is_flag=True,
+              help="Also check the causes against this machine (interfaces, GPUs, /dev/shm, torch/NCCL/CUDA).")
+def explain(text: tuple, log_path: Optional[str], as_json: bool, max_wait: float, here: bool) -> int:
     """Name the known causes in an error message or job log (TEXT, --log FILE, or - for stdin)."""
     from ddpdoctor.postmortem.explain import explain_command
 
-    return explain_command(text, log_path, as_json, max_wait)
+    return explain_command(text, log_path, as_json, max_wait, here=here)
 
 
 @cli.command()

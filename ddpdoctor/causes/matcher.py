@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence
 
 from ddpdoctor.causes.catalogue import CAUSES, Cause
+from ddpdoctor.causes.evidence import refine
 from ddpdoctor.system.redact import safe_text
 from ddpdoctor.system.signals import signal_hint
 
@@ -152,6 +153,7 @@ _HALF = LINE_CAP // 2
 _LOOKBACK_LINES = 32  # how far back a line without a rank prefix looks for torchrun's "rank : N"
 _LOOKBACK_CHARS = 4096
 _MAX_RANKS = 65536  # ranks whose last exception and frame are remembered for first_failure
+_MAX_KEPT = 20000
 _ROOT_WINDOW = 12  # lines of torchrun's Root Cause block read for the rank and the exit code
 # Lines that matter to first_failure besides the catalogue's: exceptions, traceback frames, Root Cause.
 _EXTRA_TRIGGERS = ("Error", "Exception", "Interrupt", 'File "', "Root Cause (first observed failure)")
@@ -165,6 +167,7 @@ class ScanResult:
     first_failure: Optional[str]
     cut_lines: int = 0
     chars: int = 0
+    kept: list = field(default_factory=list)  # the candidate lines (at most 20,000), for --here
 
 
 class LogScanner:
@@ -203,6 +206,7 @@ class LogScanner:
         self._root: Optional[list] = None
         self._root_need = 0
         self._per_rank: dict = {}
+        self._kept: list = []  # candidate lines, for the evidence pass when streaming
         self.cut_lines = 0
         self.chars = 0
 
@@ -228,17 +232,22 @@ class LogScanner:
             self._block(chunk if start == 0 and last == len(chunk) - 1 else chunk[start:last + 1])
         self._extend(chunk[last + 1:])
 
-    def finish(self) -> ScanResult:
-        """The causes found (table order) and torchrun's first failure; call once, after the last piece."""
+    def finish(self, lines: Optional[Sequence[str]] = None) -> ScanResult:
+        """The causes found (table order) and torchrun's first failure; call once, after the last piece.
+
+        ``lines``: the whole text's lines when the caller holds them (the evidence pass reads them all);
+        else the evidence pass reads the candidate lines kept while streaming (at most 20,000).
+        """
         if self._head:
             line, cut = self._take()
             self._block(line + "\n", cut)
         found = self._found
+        refine(self._kept if lines is None else lines, found, {c.id: c for c, _ in self._table}, Match)
         if "port-in-use" in found and "rendezvous-unreachable" in found:
             # EADDRINUSE on the master makes the others time out: the timeout is a consequence.
             found["rendezvous-unreachable"].extra = "Here most likely because the master could not listen (port-in-use)."
         matches = [found[c.id] for c, _ in self._table if c.id in found]
-        return ScanResult(matches, self._first_failure(), self.cut_lines, self.chars)
+        return ScanResult(matches, self._first_failure(), self.cut_lines, self.chars, self._kept)
 
     # -- the partial last line of the pieces so far: its head and tail only ------------------------
     def _extend(self, piece: str) -> None:
@@ -291,6 +300,8 @@ class LogScanner:
         self._prev = (self._prev + block[-_LOOKBACK_CHARS:])[-_LOOKBACK_CHARS:]
 
     def _line(self, line: str, block: str, ls: int) -> None:
+        if len(self._kept) < _MAX_KEPT:
+            self._kept.append(line)
         m = _PREFIX.match(line)
         if m:
             rank: Optional[int] = int(m.group(1))
@@ -467,10 +478,10 @@ def _triggers(causes: tuple) -> tuple:
 
 
 def scan_text(text: str, causes: Iterable[Cause] = CAUSES) -> ScanResult:
-    """One pass over a whole text (see :class:`LogScanner` for pieces)."""
+    """One pass over a whole text (see :class:`LogScanner` for pieces); the evidence pass reads every line."""
     scanner = LogScanner(causes)
     scanner.feed(text)
-    return scanner.finish()
+    return scanner.finish(text.splitlines())
 
 
 def explain_text(text: str, causes: Iterable[Cause] = CAUSES) -> list:

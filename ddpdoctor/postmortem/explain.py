@@ -173,20 +173,37 @@ def scan_source(source: Source, max_wait: float = 30.0) -> tuple:
     return result, notes
 
 
-def explain_command(text: Sequence[str], log_path: Optional[str], as_json: bool, max_wait: float = 30.0) -> int:
-    """``ddpdoctor explain``: print the known causes; exit 0 (finding nothing is not an error)."""
+def explain_command(text: Sequence[str], log_path: Optional[str], as_json: bool, max_wait: float = 30.0,
+                    here: bool = False, probe=None) -> int:
+    """``ddpdoctor explain``: print the known causes; exit 0 (finding nothing is not an error).
+
+    ``here``: also confirm or rule out the causes with this machine's facts (``probe``: the seam to it).
+    """
     import json
 
     import click
 
     source = read_input(text, log_path)
     result, notes = scan_source(source, max_wait)
+    matches, first = result.matches, result.first_failure
+    facts = checks = None
+    if here:
+        from ddpdoctor.causes.here import check_here, gather_facts
+
+        body = source.text if source.text is not None else "\n".join(result.kept)
+        facts = gather_facts(probe, body)
+        checks = check_here(matches, body, facts)
     if as_json:
-        click.echo(json.dumps({"schema": 1, "source": safe_text(source.name), "first_failure": result.first_failure,
-                               "causes": [m.to_dict() for m in result.matches], "cut_lines": result.cut_lines,
-                               "notes": notes}, indent=2))
+        doc = {"schema": 1, "source": safe_text(source.name), "first_failure": first,
+               "causes": [m.to_dict() for m in matches], "cut_lines": result.cut_lines, "notes": notes}
+        if here:
+            doc["here"] = {"facts": facts.to_dict(), "checks": [c.to_dict() for c in checks]}
+        click.echo(json.dumps(doc, indent=2))
     else:
-        click.echo("\n".join(render_matches(result.matches, source.name, result.first_failure, notes)))
+        lines = render_matches(matches, source.name, first, notes)
+        if here:
+            from ddpdoctor.causes.here import render_here
+
+            lines += render_here(facts, checks)
+        click.echo("\n".join(lines))
     return 0
-
-
