@@ -154,6 +154,8 @@ _LOOKBACK_LINES = 32  # how far back a line without a rank prefix looks for torc
 _LOOKBACK_CHARS = 4096
 _MAX_RANKS = 65536  # ranks whose last exception and frame are remembered for first_failure
 _MAX_KEPT = 20000
+EVIDENCE_WHOLE_CHARS = 32 << 20
+"""Up to this size the evidence pass reads every line; beyond, only the candidate lines (bounded memory)."""
 _ROOT_WINDOW = 12  # lines of torchrun's Root Cause block read for the rank and the exit code
 # Lines that matter to first_failure besides the catalogue's: exceptions, traceback frames, Root Cause.
 _EXTRA_TRIGGERS = ("Error", "Exception", "Interrupt", 'File "', "Root Cause (first observed failure)")
@@ -168,6 +170,7 @@ class ScanResult:
     cut_lines: int = 0
     chars: int = 0
     kept: list = field(default_factory=list)  # the candidate lines (at most 20,000), for --here
+    evidence_partial: bool = False  # the text was too long for the evidence pass to read every line
 
 
 class LogScanner:
@@ -207,6 +210,9 @@ class LogScanner:
         self._root_need = 0
         self._per_rank: dict = {}
         self._kept: list = []  # candidate lines, for the evidence pass when streaming
+        # every line while the text is at most EVIDENCE_WHOLE_CHARS (the evidence pass reads them all)
+        self._all: Optional[list] = []
+        self.evidence_partial = False
         self.cut_lines = 0
         self.chars = 0
 
@@ -242,12 +248,15 @@ class LogScanner:
             line, cut = self._take()
             self._block(line + "\n", cut)
         found = self._found
-        refine(self._kept if lines is None else lines, found, {c.id: c for c, _ in self._table}, Match)
+        if lines is None:
+            lines = self._all if self._all is not None else self._kept
+        refine(lines, found, {c.id: c for c, _ in self._table}, Match)
         if "port-in-use" in found and "rendezvous-unreachable" in found:
             # EADDRINUSE on the master makes the others time out: the timeout is a consequence.
             found["rendezvous-unreachable"].extra = "Here most likely because the master could not listen (port-in-use)."
         matches = [found[c.id] for c, _ in self._table if c.id in found]
-        return ScanResult(matches, self._first_failure(), self.cut_lines, self.chars, self._kept)
+        return ScanResult(matches, self._first_failure(), self.cut_lines, self.chars,
+                          self._all if self._all is not None else self._kept, self.evidence_partial)
 
     # -- the partial last line of the pieces so far: its head and tail only ------------------------
     def _extend(self, piece: str) -> None:
@@ -278,6 +287,11 @@ class LogScanner:
             self._root_need -= len(take)
         if cut:
             self.cut_lines += 1
+        if self._all is not None:
+            if self.chars <= EVIDENCE_WHOLE_CHARS:
+                self._all.extend(block.split("\n")[:-1])
+            else:
+                self._all, self.evidence_partial = None, True
         # str.find is the fastest search Python has (GBs per second); a regex alternation is 10-100x slower.
         found = set()
         find, rfind = block.find, block.rfind

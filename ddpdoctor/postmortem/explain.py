@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
 
-from ddpdoctor.causes.matcher import LINE_CAP, LogScanner, Match, ScanResult, scan_text
+from ddpdoctor.causes.matcher import EVIDENCE_WHOLE_CHARS, LINE_CAP, LogScanner, Match, ScanResult
 from ddpdoctor.errors import UsageError
 from ddpdoctor.result import format_ranks
 from ddpdoctor.system.redact import safe_text
@@ -170,6 +170,9 @@ def scan_source(source: Source, max_wait: float = 30.0) -> tuple:
         notes.insert(0, f"{result.cut_lines} line{'s' if result.cut_lines != 1 else ''} longer than "
                         f"{LINE_CAP // 1024} KB {'were' if result.cut_lines != 1 else 'was'} cut: matched on "
                         f"the first and last {LINE_CAP // 2048} KB")
+    if result.evidence_partial:
+        notes.append(f"the log is longer than {EVIDENCE_WHOLE_CHARS >> 20} MiB: the evidence pass (counts, "
+                     "settings, versions) read only the matching lines")
     return result, notes
 
 
