@@ -154,7 +154,7 @@ _LOOKBACK_LINES = 32  # how far back a line without a rank prefix looks for torc
 _LOOKBACK_CHARS = 4096
 _MAX_RANKS = 65536  # ranks whose last exception and frame are remembered for first_failure
 _MAX_KEPT = 20000
-EVIDENCE_WHOLE_CHARS = 32 << 20
+EVIDENCE_WHOLE_CHARS = 2 << 20
 """Up to this size the evidence pass reads every line; beyond, only the candidate lines (bounded memory)."""
 _ROOT_WINDOW = 12  # lines of torchrun's Root Cause block read for the rank and the exit code
 # Lines that matter to first_failure besides the catalogue's: exceptions, traceback frames, Root Cause.
