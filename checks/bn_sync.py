@@ -36,7 +36,7 @@ class BnSyncCheck(ModelCheck):
     def run_model(self, ctx: RankContext, loaded: LoadedModel) -> Outcome:
         model = loaded.module.train()
         layers = [(name, bn) for name, bn in batchnorm_layers(model)
-                  if not isinstance(bn, torch.nn.SyncBatchNorm)]
+                  if not isinstance(bn, torch.nn.SyncBatchNorm) and name not in loaded.reverted]
         if not layers:
             return ctx.skipped(f"{loaded.label} has no BatchNorm layers outside SyncBatchNorm")
         if loaded.input_shape is None:

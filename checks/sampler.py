@@ -15,6 +15,7 @@ import warnings
 from collections import Counter
 from typing import Any
 
+import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from ddpdoctor.check import Check, RankContext, Requirements
@@ -28,11 +29,20 @@ FIX = "call sampler.set_epoch(epoch) at the start of every epoch, before iterati
 
 
 def _gather(obj: Any) -> list[Any]:
+    """Every rank's int, or list of ints, in rank order (tensors: all_gather_object needs numpy)."""
     import torch.distributed as dist
 
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
+    values = torch.tensor(obj if isinstance(obj, list) else [obj], dtype=torch.int64)
+    world = dist.get_world_size()
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([values.numel()], dtype=torch.int64))
+    longest = max(int(s) for s in sizes)
+    padded = torch.zeros(longest, dtype=torch.int64)
+    padded[:values.numel()] = values
+    out = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(out, padded)
+    rows = [t[:int(n)].tolist() for t, n in zip(out, sizes)]
+    return rows if isinstance(obj, list) else [row[0] for row in rows]
 
 
 def _shards(n: int, world: int, rank: int, **kwargs: Any) -> list[list[int]]:
