@@ -231,6 +231,9 @@ import torch
 def only_sync():
     return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.SyncBatchNorm(4), torch.nn.ReLU())
 
+def one_tensor():
+    return torch.nn.Linear(3, 3, bias=False)
+
 def mixed():
     return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.SyncBatchNorm(4), torch.nn.ReLU(),
                                torch.nn.Conv2d(4, 4, 3), torch.nn.BatchNorm2d(4))
@@ -246,7 +249,8 @@ def _sync_bn_world(rank: int, world: int) -> dict:
     out = {"only": _run_checks(rank, world, {"model": "diag_sync_models:only_sync"},
                                (param_mod.ParamSyncCheck, bn_mod.BnSyncCheck)),
            "mixed": _run_checks(rank, world, {"model": "diag_sync_models:mixed"},
-                                (param_mod.ParamSyncCheck, bn_mod.BnSyncCheck))}
+                                (param_mod.ParamSyncCheck, bn_mod.BnSyncCheck)),
+           "one": _run_checks(rank, world, {"model": "diag_sync_models:one_tensor"}, (param_mod.ParamSyncCheck,))}
     ctx = rank_context(rank, world, {})
     # the errors torch raises for SyncBatchNorm on CPU, for real: at DDP construction, in forward
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.SyncBatchNorm(4))
@@ -278,6 +282,9 @@ def test_sync_batchnorm_on_cpu_names_the_real_cause(tmp_path, monkeypatch):
     assert got["param-sync"].finding == "sync-batchnorm-needs-gpu"
     bn = got["bn-sync"]
     assert bn.outcomes[0].data["layers"] == ["4"] and bn.outcomes[0].data["sync_batchnorm_reverted"] == ["1"]
+    one = _merged([r["one"] for r in results], 2, {}, (param_mod.ParamSyncCheck,))["param-sync"]
+    assert one.summary.startswith("rank-dependent init caught (1 tensor differs, e.g. param:weight)"), one.summary
+    assert "rank-dependent init without DDP: caught 1 differing tensor (param:weight)" in one.outcomes[0].details
     for out in results:
         for step, torch_text in (("ddp", "SyncBatchNorm layers only work with GPU modules"),
                                  ("forward", "SyncBatchNorm expected input tensor to be on GPU")):
@@ -285,3 +292,10 @@ def test_sync_batchnorm_on_cpu_names_the_real_cause(tmp_path, monkeypatch):
             assert outcome.finding == "sync-batchnorm-needs-gpu", (step, outcome.summary)
             assert outcome.summary.startswith("SyncBatchNorm needs GPU modules: ") and torch_text in outcome.summary
             assert "--input-shape" not in outcome.hint
+
+
+def test_counts_read_right():
+    from ddpdoctor.result import count
+
+    assert [count(n, "tensor") for n in (0, 1, 2)] == ["0 tensors", "1 tensor", "2 tensors"]
+    assert count(1, "pass", "passes") == "1 pass" and count(3, "pass", "passes") == "3 passes"
