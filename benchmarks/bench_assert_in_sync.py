@@ -22,6 +22,7 @@ import argparse
 import datetime
 import os
 import pickle
+import shutil
 import statistics
 import sys
 import tempfile
@@ -127,7 +128,8 @@ def main() -> None:
     n_params = sum(p.numel() for p in big.parameters())
     n_small = sum(p.numel() for p in small.parameters())
     n_tensors = sum(1 for _ in big.parameters()) + sum(1 for _ in big.buffers())
-    store_path = os.path.join(tempfile.mkdtemp(prefix="ddpdoctor-bench-"), "store")
+    store_dir = tempfile.mkdtemp(prefix="ddpdoctor-bench-")
+    store_path = os.path.join(store_dir, "store")
     children = []
     for rank in range(world):
         r, w = os.pipe()
@@ -150,6 +152,7 @@ def main() -> None:
         with os.fdopen(r, "rb") as f:
             results.append(pickle.loads(f.read()))
         os.waitpid(pid, 0)
+    shutil.rmtree(store_dir, ignore_errors=True)
     for rank, res in enumerate(results):
         if "error" in res:
             sys.exit(f"rank {rank} failed: {res['error']}")
