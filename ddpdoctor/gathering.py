@@ -22,6 +22,8 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 import torch
 import torch.distributed as dist
 
+from torch.utils.data import DistributedSampler
+
 from .agreement import (DEFAULT_TIMEOUT, HEADER_BYTES, Agreement, CollectiveMismatchError, agree, check_timeout,
                         group_ranks, group_state, next_capacity)
 from .ranks import rank_device, require_process_group
@@ -525,9 +527,34 @@ def _sampler_problem(sampler: Any, group: Any) -> Optional[str]:
     return None
 
 
+def _global_order(sampler: Any) -> Optional[torch.Tensor]:
+    """A DistributedSampler's whole padded order (rank r yields ``order[r::world]``), computed as torch does.
+
+    Every rank computes the same order locally, so the indices need not travel. None for other samplers.
+    """
+    if type(sampler) is not DistributedSampler:
+        return None
+    n = len(sampler.dataset)
+    if sampler.shuffle:
+        g = torch.Generator()
+        g.manual_seed(sampler.seed + sampler.epoch)
+        order = torch.randperm(n, generator=g)
+    else:
+        order = torch.arange(n)
+    if not sampler.drop_last:
+        pad = sampler.total_size - n
+        if pad:
+            order = torch.cat([order, order.repeat(math.ceil(pad / max(1, n)))[:pad]])
+    else:
+        order = order[:sampler.total_size]
+    return order
+
+
 def _whole(values: Any, sampler: Any, group: Any, timeout: float) -> Any:
     what = "gather_for_metrics()"
-    indices = list(iter(sampler))
+    order = _global_order(sampler) if isinstance(values, (torch.Tensor, Mapping, tuple)) else None
+    indices = list(iter(sampler)) if order is None else None
+    count = len(indices) if indices is not None else len(sampler)
     is_tensor = isinstance(values, (torch.Tensor, Mapping, tuple))
     failed: Optional[BaseException] = None
     if is_tensor:
@@ -541,34 +568,55 @@ def _whole(values: Any, sampler: Any, group: Any, timeout: float) -> Any:
     problem = _sampler_problem(sampler, group)
     if problem:
         failed = ValueError(problem)
-    elif failed is None and n_values != len(indices):
-        failed = ValueError(f"{n_values} results but the sampler yielded {len(indices)} indices; pass one result "
+    elif failed is None and n_values != count:
+        failed = ValueError(f"{n_values} results but the sampler yielded {count} indices; pass one result "
                             f"per sample in sampler order (DataLoader(drop_last=False), the same sampler epoch)")
     if _local_world(what, group) is None and failed is not None:
         raise failed
     dataset = getattr(sampler, "dataset", None)
     size = len(dataset) if dataset is not None and hasattr(dataset, "__len__") else None
-    idx = torch.tensor(indices, dtype=torch.int64)
-    if is_tensor:
-        both, _ = _gather_tree(what, (idx, values), dst=None, group=group, timeout=timeout, failed=failed,
-                               tag="tensors")
-        all_idx, whole = both
+    if order is not None:
+        # The order is computed, not sent: the ranks agree on everything it is computed from.
+        tag = (f"sampler n={size} seed={sampler.seed} epoch={sampler.epoch} shuffle={sampler.shuffle} "
+               f"drop_last={sampler.drop_last}")
+        whole, _ = _gather_tree(what, values, dst=None, group=group, timeout=timeout, failed=failed, tag=tag)
+        keep = _dataset_order(order, size, sampler.num_replicas, sampler.num_samples)
+        covered = keep.numel()
     else:
-        parts = _gather_pickled(what, (indices, values), dst=None, group=group, timeout=timeout, failed=failed)
-        all_idx = torch.tensor([i for p in parts for i in p[0]], dtype=torch.int64)
-        whole = [v for p in parts for v in p[1]]
-    order = torch.argsort(all_idx, stable=True)
-    ranked = all_idx[order]
-    first = torch.ones_like(ranked, dtype=torch.bool)
-    first[1:] = ranked[1:] != ranked[:-1]
-    keep = order[first]
-    if size is not None and int(first.sum()) < size and dist.is_initialized() and dist.get_rank() == group_ranks(group)[0]:
+        idx = torch.tensor(indices, dtype=torch.int64)
+        if is_tensor:
+            both, _ = _gather_tree(what, (idx, values), dst=None, group=group, timeout=timeout, failed=failed,
+                                   tag="tensors")
+            all_idx, whole = both
+        else:
+            parts = _gather_pickled(what, (indices, values), dst=None, group=group, timeout=timeout, failed=failed)
+            all_idx = torch.tensor([i for p in parts for i in p[0]], dtype=torch.int64)
+            whole = [v for p in parts for v in p[1]]
+        ranked_order = torch.argsort(all_idx, stable=True)
+        ranked = all_idx[ranked_order]
+        first = torch.ones_like(ranked, dtype=torch.bool)
+        first[1:] = ranked[1:] != ranked[:-1]
+        keep = ranked_order[first]
+        covered = int(first.sum())
+    if size is not None and covered < size and dist.is_initialized() and dist.get_rank() == group_ranks(group)[0]:
         logger.warning("gather_for_metrics: the sampler never yielded %s of %s samples (drop_last=True?); "
                        "evaluate with DistributedSampler(drop_last=False), the padding is removed here",
-                       size - int(first.sum()), size)
+                       size - covered, size)
     if is_tensor:
         return _rebuild(whole, [t[keep.to(t.device)] for t in _leaves(whole, what)])
     return [whole[p] for p in keep.tolist()]
+
+
+def _dataset_order(order: torch.Tensor, size: int, world: int, per_rank: int) -> torch.Tensor:
+    """Rows of the rank-major gather, in dataset order, each dataset index once."""
+    q = torch.arange(min(size, order.numel()))
+    src = (q % world) * per_rank + q // world  # position q of the order sits on rank q % world, row q // world
+    keys = order[:q.numel()]
+    if q.numel() == size:  # every index once (no drop_last): invert the permutation instead of sorting
+        inverse = torch.empty(size, dtype=torch.int64)
+        inverse[keys] = q
+        return src[inverse]
+    return src[torch.argsort(keys)]
 
 
 def _per_batch_sampler(values: Any, sampler: Any, group: Any, timeout: float) -> Any:
@@ -693,8 +741,9 @@ def _reduce_leaves(what: str, data: Any, reduction: str, group: Any, timeout: fl
             raise
         failed = exc
     tensors = [torch.as_tensor(v) for v in leaves]
+    divided = False  # floating buckets already divided by the world size (large means)
     if ranks is None:
-        summed = [t.detach().to(_compute_dtype(t.dtype)) for t in tensors]
+        summed = [t.detach().to(_compute_dtype(t.dtype), copy=True) for t in tensors]
         world = 1
     else:
         world = len(ranks)
@@ -726,7 +775,9 @@ def _reduce_leaves(what: str, data: Any, reduction: str, group: Any, timeout: fl
                   "min": dist.ReduceOp.MIN}[reduction]
             for f in flats:
                 dist.all_reduce(f, op=op, group=group)
-            results = flats
+                if reduction == "mean" and f.is_floating_point():
+                    f /= world
+            results, divided = flats, True
         summed = [None] * len(work)
         for b, d in enumerate(order):
             offset = 0
@@ -736,15 +787,14 @@ def _reduce_leaves(what: str, data: Any, reduction: str, group: Any, timeout: fl
                 offset += n
     out_leaves = []
     for value, t, s in zip(leaves, tensors, summed):
-        if reduction == "mean":
+        if reduction == "mean" and not (divided and s.is_floating_point()):
             s = (torch.div(s, world, rounding_mode="trunc") if not s.is_floating_point() and not s.is_complex()
                  and isinstance(value, torch.Tensor) and value.dtype != torch.bool else s / world)
         if isinstance(value, torch.Tensor):
             dtype = value.dtype
             if value.dtype == torch.bool:
                 dtype = torch.int64 if reduction == "sum" else (torch.bool if reduction != "mean" else torch.get_default_dtype())
-            out_leaves.append(s.to(value.device, dtype).reshape(value.shape) if s.dtype != dtype or s.device != value.device
-                              else s.reshape(value.shape).clone())
+            out_leaves.append(s.to(value.device, dtype).reshape(value.shape))
         elif isinstance(value, bool):
             out_leaves.append(int(s.item()) if reduction == "sum" else (s.item() if reduction == "mean" else bool(s.item())))
         elif isinstance(value, int) and reduction != "mean":
