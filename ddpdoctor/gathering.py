@@ -603,20 +603,20 @@ def _whole(values: Any, sampler: Any, group: Any, timeout: float) -> Any:
                        "evaluate with DistributedSampler(drop_last=False), the padding is removed here",
                        size - covered, size)
     if is_tensor:
-        return _rebuild(whole, [t[keep.to(t.device)] for t in _leaves(whole, what)])
+        return _rebuild(whole, [t.index_select(0, keep.to(t.device)) for t in _leaves(whole, what)])
     return [whole[p] for p in keep.tolist()]
 
 
 def _dataset_order(order: torch.Tensor, size: int, world: int, per_rank: int) -> torch.Tensor:
     """Rows of the rank-major gather, in dataset order, each dataset index once."""
-    q = torch.arange(min(size, order.numel()))
-    src = (q % world) * per_rank + q // world  # position q of the order sits on rank q % world, row q // world
-    keys = order[:q.numel()]
-    if q.numel() == size:  # every index once (no drop_last): invert the permutation instead of sorting
-        inverse = torch.empty(size, dtype=torch.int64)
-        inverse[keys] = q
-        return src[inverse]
-    return src[torch.argsort(keys)]
+    m = min(size, order.numel())
+    # position q of the order sits on rank q % world, row q // world: rank-major row (q % world) * per_rank + q // world
+    src = torch.arange(per_rank * world).view(world, per_rank).t().reshape(-1)[:m]
+    keys = order[:m]
+    if m == size:  # every index once (no drop_last): invert the permutation instead of sorting
+        inverse = torch.empty(size, dtype=torch.int64).index_copy_(0, keys, torch.arange(m))
+        return src.index_select(0, inverse)
+    return src.index_select(0, torch.argsort(keys))
 
 
 def _per_batch_sampler(values: Any, sampler: Any, group: Any, timeout: float) -> Any:
@@ -641,8 +641,8 @@ def _per_batch_sampler(values: Any, sampler: Any, group: Any, timeout: float) ->
         _seen[sampler] = seen
     if all(keep):
         return whole
-    mask = torch.tensor(keep)
-    return _rebuild(whole, [t[mask.to(t.device)] for t in _leaves(whole, what)])
+    rows = torch.tensor(keep).nonzero().view(-1)
+    return _rebuild(whole, [t.index_select(0, rows.to(t.device)) for t in _leaves(whole, what)])
 
 
 def _per_batch_total(values: Any, total: int, group: Any, timeout: float) -> Any:
