@@ -25,7 +25,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ddpdoctor.desync import _fingerprint_tensor, assert_in_sync
+from ddpdoctor.diagnostics.desync import _fingerprint_tensor, assert_in_sync
 
 
 def build(layers: int, width: int) -> torch.nn.Module:

@@ -54,7 +54,7 @@ class BenchVsReference(CollectivesBenchCheck):
     description = "benchmark only: ddpdoctor's all_reduce timing next to a plain reference loop"
 
     def run(self, ctx):
-        from ddpdoctor.collectives import Group
+        from ddpdoctor.diagnostics.collective_plan import Group
 
         ctx.process_group()
         self._seq = self._last = 0
@@ -74,7 +74,8 @@ CHECKS = [BenchVsReference]
 
 def accuracy(ranks: int, rounds: int) -> bool:
     from ddpdoctor.checks.collectives import bench_rows
-    from ddpdoctor.runner import RunOptions, run_checks
+    from ddpdoctor.runner.options import RunOptions
+    from ddpdoctor.runner.local import run_checks
 
     os.environ["DDPDOCTOR_PLUGINS"] = "bench_collectives"
     try:

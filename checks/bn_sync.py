@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from ddpdoctor.batchnorm import batchnorm_layers, bn_divergence, sync_bn_stats
 from ddpdoctor.check import RankContext
-from ddpdoctor.model_factory import LoadedModel, ModelCheck, forward_failed, forward_loss, rank_batch
+from ddpdoctor.diagnostics.batchnorm import batchnorm_layers, bn_divergence, sync_bn_stats
+from ddpdoctor.diagnostics.model_factory import LoadedModel, ModelCheck, forward_failed, forward_loss, rank_batch
 from ddpdoctor.result import Outcome
 
 __all__ = ["BnSyncCheck"]

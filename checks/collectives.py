@@ -26,8 +26,9 @@ from dataclasses import replace
 from typing import Any, Optional, Sequence
 
 from ddpdoctor.check import Check, CheckResult, RankContext, Requirements, WorldInfo
-from ddpdoctor.collectives import (DTYPES, OPS, Group, Step, bandwidth, build_step, compare, format_bytes,
-                                   render_table, select_ops, support, time_step, unsupported_reason)
+from ddpdoctor.diagnostics.collective_plan import (DTYPES, OPS, Group, Step, bandwidth, build_step, compare,
+                                                   format_bytes, render_table, select_ops, support, time_step,
+                                                   unsupported_reason)
 from ddpdoctor.result import Outcome, Status, format_ranks, merge_outcomes, rank_label
 
 __all__ = ["CollectivesCheck", "CollectivesBenchCheck", "bench_rows", "progress_key"]

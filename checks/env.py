@@ -10,10 +10,11 @@ from typing import Any, Mapping, Optional, Sequence
 
 import psutil
 
-from ddpdoctor import envvars, launcher, nvml
 from ddpdoctor.check import Check, CheckResult, Findings, RankContext, WorldInfo
-from ddpdoctor.redact import redact_env
+from ddpdoctor.dist import launcher
 from ddpdoctor.result import Outcome, Status, merge_outcomes, rank_label
+from ddpdoctor.system import envvars, nvml
+from ddpdoctor.system.redact import redact_env
 
 __all__ = ["EnvCheck", "collect_environment", "describe_environment"]
 

@@ -15,8 +15,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from ddpdoctor.check import RankContext
-from ddpdoctor.desync import DesyncError, assert_in_sync
-from ddpdoctor.model_factory import LoadedModel, ModelCheck, forward_loss, rank_batch
+from ddpdoctor.diagnostics.desync import DesyncError, assert_in_sync
+from ddpdoctor.diagnostics.model_factory import LoadedModel, ModelCheck, forward_loss, rank_batch
 from ddpdoctor.result import Outcome
 
 __all__ = ["ParamSyncCheck"]

@@ -13,9 +13,9 @@ import re
 import time
 from typing import Any, Optional, Sequence
 
-from ddpdoctor import nvml
 from ddpdoctor.check import Check, CheckResult, RankContext, Requirements, WorldInfo
 from ddpdoctor.result import Outcome, Status, format_seconds, merge_outcomes, rank_label
+from ddpdoctor.system import nvml
 
 __all__ = ["ProcessGroupCheck", "identity_table"]
 

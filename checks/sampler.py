@@ -19,7 +19,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from ddpdoctor.check import Check, RankContext, Requirements
 from ddpdoctor.result import Outcome
-from ddpdoctor.sampler_guard import SamplerEpochWarning, guard_sampler
+from ddpdoctor.diagnostics.sampler_guard import SamplerEpochWarning, guard_sampler
 
 __all__ = ["SamplerCheck"]
 

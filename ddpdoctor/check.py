@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Optional, Sequence
 
-from .result import CheckResult, Outcome, Status, merge_outcomes
+from ddpdoctor.result import CheckResult, Outcome, Status, merge_outcomes
 
 __all__ = ["Check", "Findings", "Requirements", "RankContext", "WorldInfo"]
 

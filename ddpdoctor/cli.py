@@ -12,9 +12,9 @@ from typing import Any, Optional, Sequence
 
 import click
 
-from . import __version__
-from .errors import DdpdoctorError
-from .exitcodes import EXIT_CODE_HELP, ExitCode
+from ddpdoctor import __version__
+from ddpdoctor.errors import DdpdoctorError
+from ddpdoctor.exitcodes import EXIT_CODE_HELP, ExitCode
 
 __all__ = ["main", "cli"]
 
@@ -97,9 +97,10 @@ def check(nproc: Optional[int], backend: Optional[str], master_addr: str, master
           skip: tuple, timeout: float, json_path: Optional[str], strict: bool, model: Optional[str],
           input_shape: Optional[str], mode: Optional[str], min_busbw: Optional[float], verbose: bool) -> int:
     """Run the checks on a local world, or join the world torchrun/srun/mpirun started."""
-    from .registry import all_checks, select_checks
-    from .report import Style, TerminalProgress, footer
-    from .runner import RunOptions, run_checks
+    from ddpdoctor.runner.registry import all_checks, select_checks
+    from ddpdoctor.report.terminal import Style, TerminalProgress, footer
+    from ddpdoctor.runner.options import RunOptions
+    from ddpdoctor.runner.local import run_checks
 
     _quiet_logs()
     opts = RunOptions(nproc=nproc, backend=backend, master_addr=master_addr, master_port=master_port,
@@ -116,7 +117,7 @@ def check(nproc: Optional[int], backend: Optional[str], master_addr: str, master
         if outcome.message:
             click.echo(outcome.message, err=True)
         return outcome.exit_code
-    from .report import render_result
+    from ddpdoctor.report.terminal import render_result
 
     width = progress.width
     for result in report.results:
@@ -137,7 +138,7 @@ def check(nproc: Optional[int], backend: Optional[str], master_addr: str, master
 @cli.command(name="list")
 def list_checks() -> int:
     """Name every check, one line each."""
-    from .registry import all_checks
+    from ddpdoctor.runner.registry import all_checks
 
     checks = all_checks()
     width = max(len(c.name) for c in checks)
@@ -165,7 +166,7 @@ def bench(nproc: Optional[int], backend: Optional[str], master_addr: str, master
           max_bytes: str, ops: tuple, dtype: str, iters: int, warmup: int, timeout: float,
           json_path: Optional[str], mode: Optional[str], verbose: bool) -> int:
     """Sweep every collective over sizes and print an nccl-tests-like table (local or joined)."""
-    from .benchtable import run_bench
+    from ddpdoctor.runner.bench import run_bench
 
     _quiet_logs()
     return run_bench(nproc=nproc, backend=backend, master_addr=master_addr, master_port=master_port,
@@ -179,8 +180,8 @@ def env(as_json: bool) -> int:
     """Print the environment report alone (copy-paste ready for a bug report)."""
     import json
 
-    from . import launcher
-    from .checks.env import assess, collect_environment, describe_environment
+    from ddpdoctor.dist import launcher
+    from ddpdoctor.checks.env import assess, collect_environment, describe_environment
 
     _quiet_logs()
     info = launcher.detect()
@@ -203,7 +204,7 @@ def env(as_json: bool) -> int:
 @click.option("--json", "as_json", is_flag=True, help="Print the causes as JSON.")
 def explain(text: tuple, log_path: Optional[str], as_json: bool) -> int:
     """Name the known causes in an error message or job log (TEXT, --log FILE, or - for stdin)."""
-    from .explain import explain_command
+    from ddpdoctor.postmortem.explain import explain_command
 
     return explain_command(text, log_path, as_json)
 
@@ -213,7 +214,7 @@ def explain(text: tuple, log_path: Optional[str], as_json: bool) -> int:
 @click.option("--wait", type=float, default=3.0, show_default=True, help="Seconds to wait for each stack.")
 def stacks(pids: tuple, wait: float) -> int:
     """Print every rank's Python stack, grouped by place (PIDS: a torchrun agent or the ranks; none: find them)."""
-    from .stacks import stacks_command
+    from ddpdoctor.postmortem.stacks import stacks_command
 
     return stacks_command(pids, wait)
 
@@ -227,7 +228,7 @@ def stacks(pids: tuple, wait: float) -> int:
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(hang_timeout: float, run_dir: Optional[str], keep_hung: bool, command: tuple) -> int:
     """Run a training command (after --) and explain it if it hangs or dies."""
-    from .jobrun import RunSpec, run_job
+    from ddpdoctor.postmortem.jobrun import RunSpec, run_job
 
     return run_job(RunSpec(command=list(command), hang_timeout=hang_timeout, run_dir=run_dir,
                            keep_hung=keep_hung))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .exitcodes import ExitCode
+from ddpdoctor.exitcodes import ExitCode
 
 __all__ = ["DdpdoctorError", "UsageError", "LauncherError"]
 

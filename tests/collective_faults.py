@@ -12,7 +12,7 @@ import time
 
 from ddpdoctor.check import RankContext
 from ddpdoctor.checks.collectives import CollectivesBenchCheck, CollectivesCheck
-from ddpdoctor.collectives import Step
+from ddpdoctor.diagnostics.collective_plan import Step
 
 
 def _is_target(ctx: RankContext, step: Step) -> bool:

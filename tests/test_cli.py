@@ -166,7 +166,7 @@ def test_interrupt_prints_partial_report_and_leaves_nothing(cli_env, sig, name):
 
 @pytest.mark.timeout(60)
 def test_sigkill_of_ddpdoctor_takes_the_workers_and_frees_the_port(cli_env):
-    from ddpdoctor.checks.port import free_port
+    from ddpdoctor.system.ports import free_port
 
     port = free_port()
     env = {**cli_env, "DDPDOCTOR_PLUGINS": "faults", "FAULT_RANK": "1", "FAULT_SLEEP": "600"}

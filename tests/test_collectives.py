@@ -6,7 +6,8 @@ import collective_faults
 import pytest
 
 from ddpdoctor.result import Status
-from ddpdoctor.runner import RunOptions, run_checks
+from ddpdoctor.runner.options import RunOptions
+from ddpdoctor.runner.local import run_checks
 
 PER_RANK = 69  # results each rank checks on one node: see CollectivesCheck.cases (avg int64 skipped)
 

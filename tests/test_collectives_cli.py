@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ddpdoctor.collectives import BUS_FACTORS, bandwidth, format_bytes, select_ops
+from ddpdoctor.diagnostics.collective_plan import BUS_FACTORS, bandwidth, format_bytes, select_ops
 
 CMD = [sys.executable, "-m", "ddpdoctor"]
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch._dynamo  # noqa: F401 - DDP imports it on first use; once here, not in every forked rank
 
-from ddpdoctor.batchnorm import bn_divergence, sync_bn_stats
-from ddpdoctor.desync import DesyncError, assert_in_sync
+from ddpdoctor.diagnostics.batchnorm import bn_divergence, sync_bn_stats
+from ddpdoctor.diagnostics.desync import DesyncError, assert_in_sync
 from worlds import run_world
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch._dynamo  # noqa: F401 - DDP imports it on first use; once here, not in every forked rank
 
-from ddpdoctor.desync import _ROW, DesyncError, assert_in_sync, fingerprint
+from ddpdoctor.diagnostics.desync import _ROW, DesyncError, assert_in_sync, fingerprint
 from worlds import run_world
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from ddpdoctor.errors import UsageError
-from ddpdoctor.model_factory import (BUILTIN_INPUT_SHAPE, TinyConvNet, build_model, forward_loss,
-                                     guess_input_shape, load_model, parse_input_shape)
+from ddpdoctor.diagnostics.model_factory import (BUILTIN_INPUT_SHAPE, TinyConvNet, build_model, forward_loss,
+                                                 guess_input_shape, load_model, parse_input_shape)
 from worlds import run_world
 
 

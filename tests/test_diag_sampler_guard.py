@@ -9,7 +9,7 @@ import pytest
 from torch.utils.data import DataLoader, RandomSampler
 from torch.utils.data.distributed import DistributedSampler
 
-from ddpdoctor.sampler_guard import SamplerEpochWarning, SamplerMismatchWarning, guard_sampler
+from ddpdoctor.diagnostics.sampler_guard import SamplerEpochWarning, SamplerMismatchWarning, guard_sampler
 from worlds import run_world
 
 

@@ -12,7 +12,9 @@ import sys
 
 import pytest
 
-from ddpdoctor.explain import CAUSES, explain_text, first_failure, render_matches
+from ddpdoctor.causes.catalogue import CAUSES
+from ddpdoctor.causes.matcher import explain_text, first_failure
+from ddpdoctor.postmortem.explain import render_matches
 from jobscripts import free_port, run_job, write_train
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")

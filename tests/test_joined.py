@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from ddpdoctor.checks.port import free_port
+from ddpdoctor.system.ports import free_port
 
 CMD = [sys.executable, "-m", "ddpdoctor", "check"]
 FOUNDATION = ["--only", "env,port,process-group"]  # the checks these tests are about; the rest are slower

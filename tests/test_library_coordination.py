@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddpdoctor.library import (BarrierTimeoutError, NotInitializedError, barrier, broadcast_object,
-                               gather, main_process_first, print0, rank_zero_only, seed_everything, zero_first)
+from ddpdoctor.dist import (BarrierTimeoutError, NotInitializedError, barrier, broadcast_object, gather,
+                            main_process_first, print0, rank_zero_only, seed_everything, zero_first)
 from worlds import run_world
 
 _LAUNCH = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from ddpdoctor.library import (CollectiveMismatchError, all_reduce_mean, collect_results, gather, gather_for_metrics,
-                               gather_object, reduce_dict)
+from ddpdoctor.dist import (CollectiveMismatchError, all_reduce_mean, collect_results, gather, gather_for_metrics,
+                            gather_object, reduce_dict)
 from worlds import run_world
 
 _LAUNCH = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
@@ -136,7 +136,7 @@ def test_mismatches_raise_the_same_clear_error_on_every_rank():
 
 
 def _large(rank, world, broadcast):
-    import ddpdoctor.gathering as gathering
+    import ddpdoctor.dist.gathering as gathering
 
     if not broadcast:
         gathering._BROADCAST_BACKENDS = ()
@@ -273,7 +273,7 @@ def _drop_last_warning(rank, world):
     records = []
     handler = logging.Handler()
     handler.emit = records.append
-    logging.getLogger("ddpdoctor.gathering").addHandler(handler)
+    logging.getLogger("ddpdoctor.dist.gathering").addHandler(handler)
     sampler = DistributedSampler(_dataset(7), drop_last=True)
     gather_for_metrics(list(sampler), sampler)
     return [r.getMessage() for r in records]

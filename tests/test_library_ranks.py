@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import ddpdoctor.library as lib
-from ddpdoctor.library import (RankConflictWarning, get_local_rank, get_local_world_size, get_node_rank, get_rank,
-                               get_world_size, is_distributed, is_main_process, rank_info)
+import ddpdoctor.dist as lib
+from ddpdoctor.dist import (RankConflictWarning, get_local_rank, get_local_world_size, get_node_rank, get_rank,
+                            get_world_size, is_distributed, is_main_process, rank_info)
 from worlds import run_world
 
 _PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "MPI_LOCAL")

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ddpdoctor import nvml
+from ddpdoctor.system import nvml
 from ddpdoctor.result import Status
 
 
@@ -119,7 +119,7 @@ def test_env_report_shows_n_a_and_warns_on_lost_gpu_and_ecc(fake_nvml):
 
 
 def test_visible_gpus_follows_cuda_visible_devices(fake_nvml):
-    from ddpdoctor.runner import visible_gpus
+    from ddpdoctor.system.nvml import visible_gpus
 
     view = fake_nvml(FakePynvml([GOOD, GOOD, GOOD, GOOD]))
     assert visible_gpus(view, {}) == 4
@@ -131,7 +131,8 @@ def test_visible_gpus_follows_cuda_visible_devices(fake_nvml):
 @pytest.mark.timeout(60)
 def test_rank_holding_memory_on_a_foreign_gpu_is_warned_by_rank_gpu_and_megabytes(fake_nvml, clean_launcher_env):
     """The real pipeline (forked ranks, gloo) with NVML faked: each worker sees itself on GPU 1."""
-    from ddpdoctor.runner import RunOptions, run_checks
+    from ddpdoctor.runner.options import RunOptions
+    from ddpdoctor.runner.local import run_checks
 
     me = dict(GOOD, uuid="GPU-eeee", procs=lambda: [(os.getpid(), 512)])
     fake_nvml(FakePynvml([GOOD, me]))
@@ -146,7 +147,8 @@ def test_rank_holding_memory_on_a_foreign_gpu_is_warned_by_rank_gpu_and_megabyte
 @pytest.mark.timeout(60)
 def test_nccl_without_gpus_is_a_usage_error(fake_nvml):
     from ddpdoctor.errors import UsageError
-    from ddpdoctor.runner import RunOptions, resolve_world
+    from ddpdoctor.runner.options import RunOptions
+    from ddpdoctor.runner.local import resolve_world
 
     with pytest.raises(UsageError, match="--backend nccl needs GPUs, NVML found 0"):
         resolve_world(RunOptions(backend="nccl"), gpus=0, nccl_built=True)
@@ -167,7 +169,8 @@ def _cuda_ready() -> bool:
 @pytest.mark.skipif(not _cuda_ready(), reason="needs 2 CUDA GPUs and NCCL; this machine has none")
 @pytest.mark.timeout(120)
 def test_real_nccl_world_passes(clean_launcher_env):
-    from ddpdoctor.runner import RunOptions, run_checks
+    from ddpdoctor.runner.options import RunOptions
+    from ddpdoctor.runner.local import run_checks
 
     out = run_checks(RunOptions(backend="nccl", timeout=60))
     assert out.exit_code == 0, [r.summary for r in out.report.results]

@@ -55,7 +55,7 @@ def test_exit_codes_table_matches_the_code():
 
 
 def test_every_check_is_documented():
-    from ddpdoctor.registry import all_checks
+    from ddpdoctor.runner.registry import all_checks
 
     text = _readme()
     for check in all_checks():

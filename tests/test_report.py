@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 from ddpdoctor.check import WorldInfo
-from ddpdoctor.coordinator import where_hung
-from ddpdoctor.report import RunReport, Style, render
+from ddpdoctor.system.stackframes import where_hung
+from ddpdoctor.report.document import RunReport
+from ddpdoctor.report.terminal import Style, render
 from ddpdoctor.result import CheckResult, Outcome, Status, format_ranks, merge_outcomes
 
 WORLD = WorldInfo(world_size=3, backend="gloo", hosts={0: "a", 1: "a", 2: "a"}, arrived=(0, 1, 2))
@@ -87,7 +88,7 @@ Current thread 0x00007e (most recent call first):
   File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 3252 in all_reduce
   File "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 83 in wrapper
   File "/home/u/proj/train.py", line 88 in step
-  File "/venv/lib/python3.11/site-packages/ddpdoctor/worker.py", line 70 in run_guarded
+  File "/venv/lib/python3.11/site-packages/ddpdoctor/runner/worker.py", line 70 in run_guarded
 """
     assert where_hung(stack) == "all_reduce, called from step (proj/train.py:88)"
     assert where_hung("") == "an unknown place (no Python stack)"

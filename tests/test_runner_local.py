@@ -8,7 +8,8 @@ import faults
 import pytest
 
 from ddpdoctor.result import Status
-from ddpdoctor.runner import RunOptions, run_checks
+from ddpdoctor.runner.options import RunOptions
+from ddpdoctor.runner.local import run_checks
 
 
 def _line_of(text: str) -> int:
@@ -130,7 +131,7 @@ def test_port_held_by_a_real_socket_is_named_and_the_group_is_skipped(clean_laun
 
 @pytest.mark.timeout(60)
 def test_user_chosen_free_port_is_used_for_the_rendezvous(clean_launcher_env):
-    from ddpdoctor.checks.port import free_port
+    from ddpdoctor.system.ports import free_port
 
     port = free_port()
     out, res = _run(nproc=2, timeout=10, master_port=port, only=["port", "process-group"])

@@ -14,8 +14,8 @@ import psutil
 import pytest
 
 import ddpdoctor
-from ddpdoctor.coordinator import where_hung
-from ddpdoctor.stacks import RankProcess, StackReading, pyspy_to_faulthandler, render_groups
+from ddpdoctor.system.stackframes import where_hung
+from ddpdoctor.postmortem.stacks import RankProcess, StackReading, pyspy_to_faulthandler, render_groups
 from jobscripts import line_of, torchrun, write_train
 
 CMD = [sys.executable, "-m", "ddpdoctor"]

@@ -1,0 +1,95 @@
+"""``ddpdoctor bench``: the collectives sweep through the check runner, printed like nccl-tests.
+
+The sweep is the ``collectives-bench`` check (on request only), so it runs in exactly the local and
+joined modes ``ddpdoctor check`` does; this module turns its result into the table and the JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from typing import Optional, Sequence
+
+from ddpdoctor.errors import UsageError
+from ddpdoctor.exitcodes import ExitCode
+
+__all__ = ["parse_bytes", "run_bench"]
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_bytes(text: str, flag: str = "--max-bytes") -> int:
+    """``"16M"`` -> 16777216 (K, M, G are powers of 1024, as in nccl-tests).
+
+    Raises:
+        UsageError: not a positive size, naming the value.
+    """
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?)(?:I?B)?\s*", text, re.IGNORECASE)
+    value = int(float(match.group(1)) * _UNITS[match.group(2).upper()]) if match else 0
+    if value < 1:
+        raise UsageError("bad-size", f"{flag} {text!r} is not a size in bytes", f"use e.g. {flag} 8, 64K or 16M")
+    return value
+
+
+def run_bench(*, nproc: Optional[int], backend: Optional[str], master_addr: str, master_port: int,
+              min_bytes: str, max_bytes: str, ops: Sequence[str], dtype: str, iters: int, warmup: int,
+              timeout: float, json_path: Optional[str], mode: str, verbose: bool) -> int:
+    """Run the sweep, print the table on the reporting rank, write ``json_path``; the exit code.
+
+    Raises:
+        UsageError: bad sizes or operation names (exit 2), before anything starts.
+    """
+    from ddpdoctor.checks.collectives import bench_rows
+    from ddpdoctor.diagnostics.collective_plan import render_table, select_ops
+    from ddpdoctor.report.terminal import Style, footer, header, render_result
+    from ddpdoctor.runner.options import RunOptions
+    from ddpdoctor.runner.local import run_checks
+
+    lo, hi = parse_bytes(min_bytes, "--min-bytes"), parse_bytes(max_bytes, "--max-bytes")
+    if lo > hi:
+        raise UsageError("bad-size", f"--min-bytes {min_bytes} is larger than --max-bytes {max_bytes}",
+                         "make --min-bytes the smaller one")
+    names = [n.strip() for item in ops for n in item.split(",") if n.strip()]
+    try:
+        chosen = select_ops(names) if names else []
+    except ValueError as exc:
+        raise UsageError("unknown-collective", str(exc), "see 'ddpdoctor bench --help'") from None
+    settings = {"min_bytes": lo, "max_bytes": hi, "ops": chosen, "dtype": dtype, "iters": iters, "warmup": warmup}
+    opts = RunOptions(nproc=nproc, backend=backend, master_addr=master_addr, master_port=master_port,
+                      only=["collectives-bench"], timeout=timeout, mode=mode, options={"bench": settings})
+    outcome = run_checks(opts)
+    report = outcome.report
+    if report is None:  # a non-reporting rank in joined mode
+        if outcome.message:
+            print(outcome.message, file=sys.stderr)
+        return outcome.exit_code
+    result = report.results[0]
+    rows = bench_rows(result.outcomes, report.world.world_size)
+    out = sys.stdout
+    style = Style.for_stream(out)
+    lines = [header(report.world), f"# {dtype}, sizes {lo}..{hi} bytes, {warmup} warm-up + {iters} timed calls "
+             "per row; time averaged over ranks; busbw as nccl-tests"]
+    lines += [f"# {line}" if i < 2 else f"  {line}" for i, line in enumerate(render_table(rows))]
+    lines += render_result(result, style, len(result.name), False)
+    if verbose:
+        lines += [f"  {d}" for d in result.details[len(rows) + 2:]]
+        lines += [f"  rank {o.rank}: {o.status.label}: {o.summary}" for o in result.outcomes]
+    lines.append(footer(report, False))
+    out.write("\n".join(lines) + "\n")
+    out.flush()
+    if json_path:
+        doc = {"schema": 1, "settings": settings, "world": report.world.to_dict(), "status": report.status.label,
+               "exit_code": int(outcome.exit_code), "rows": rows, "report": report.to_dict()}
+        try:
+            tmp = f"{json_path}.tmp{os.getpid()}"
+            with open(tmp, "w") as f:
+                json.dump(doc, f, indent=2)
+                f.write("\n")
+            os.replace(tmp, json_path)
+        except OSError as exc:
+            print(f"error[json-write]: cannot write {json_path}: {exc.strerror}; choose a writable path",
+                  file=sys.stderr)
+            return ExitCode.INTERNAL if outcome.exit_code == 0 else outcome.exit_code
+    return outcome.exit_code

@@ -1,0 +1,195 @@
+"""Supervision of this host's workers: start them, watch them, dump their stacks, stop them.
+
+Worker states (a small state machine)::
+
+    RUNNING --exit 0-->       SUCCEEDED
+    RUNNING --exit n / signal--> FAILED   (reported as ``dead/<rank>`` on the control channel)
+    RUNNING --stop()-->       STOPPED     (SIGTERM, a grace period, then SIGKILL)
+
+Workers are forked from this process (torch is already imported, CUDA never initialized here), so
+they start in milliseconds. Each one dies with its supervisor (PR_SET_PDEATHSIG), and :meth:`stop`
+reaps every child, so no process outlives the command.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from ddpdoctor.runner.channel import Channel
+from ddpdoctor.runner.worker import STACK_SIGNAL, WorkerSpec, worker_main
+from ddpdoctor.system.signals import describe_exit
+
+__all__ = ["Supervisor", "Worker", "WorkerState", "tail"]
+
+
+class WorkerState(enum.Enum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+@dataclass
+class Worker:
+    """A started worker process (the instance of a :class:`WorkerSpec`)."""
+
+    spec: WorkerSpec
+    pid: int
+    state: WorkerState = WorkerState.RUNNING
+    wait_status: Optional[int] = None
+
+    @property
+    def rank(self) -> int:
+        return self.spec.rank
+
+
+class Supervisor:
+    """Starts and watches this host's workers.
+
+    Args:
+        channel: the control channel, attached after the workers start (see :meth:`attach`).
+    """
+
+    def __init__(self) -> None:
+        self.workers: list[Worker] = []
+        self.channel: Optional[Channel] = None
+
+    def start(self, specs: Sequence[WorkerSpec]) -> None:
+        """Fork one worker per spec. Call before this process starts any thread or store server."""
+        for spec in specs:
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the child never returns
+                worker_main(spec)
+            self.workers.append(Worker(spec, pid))
+
+    def attach(self, channel: Channel) -> None:
+        self.channel = channel
+
+    def worker(self, rank: int) -> Optional[Worker]:
+        return next((w for w in self.workers if w.rank == rank), None)
+
+    def poll(self) -> None:
+        """Reap exited workers (publishing ``dead/<rank>``) and answer stack requests."""
+        for w in self._reap():
+            if w.state is WorkerState.FAILED and self.channel is not None:
+                info = describe_exit(w.wait_status or 0, w.pid)
+                info["log"] = tail(w.spec.log_path)
+                self.channel.put(f"dead/{w.rank}", info)
+        if self.channel is not None:
+            wanted = [w for w in self.workers if self.channel.has(f"stackreq/{w.rank}")]
+            if wanted:
+                for w in wanted:
+                    self.channel.take(f"stackreq/{w.rank}")
+                for rank, text in self.dump_stacks([w.rank for w in wanted]).items():
+                    self.channel.put(f"stack/{rank}", {"stack": text})
+
+    def dump_stacks(self, ranks: Sequence[int], wait: float = 1.0) -> dict[int, str]:
+        """Each running worker's Python stacks (faulthandler on SIGUSR1); "" when it did not answer."""
+        sizes: dict[int, int] = {}
+        for rank in ranks:
+            w = self.worker(rank)
+            if w is None or w.state is not WorkerState.RUNNING:
+                continue
+            sizes[rank] = _size(w.spec.stack_path)
+            try:
+                os.kill(w.pid, STACK_SIGNAL)
+            except ProcessLookupError:
+                pass
+        out = {rank: "" for rank in ranks}
+        deadline = time.monotonic() + wait
+        pending = set(sizes)
+        while pending and time.monotonic() < deadline:
+            time.sleep(0.02)
+            for rank in list(pending):
+                w = self.worker(rank)
+                assert w is not None
+                if _size(w.spec.stack_path) > sizes[rank]:
+                    _wait_stable(w.spec.stack_path, deadline)  # faulthandler writes frame by frame
+                    with open(w.spec.stack_path) as f:
+                        f.seek(sizes[rank])
+                        out[rank] = f.read()
+                    pending.discard(rank)
+        return out
+
+    def running(self) -> list[Worker]:
+        return [w for w in self.workers if w.state is WorkerState.RUNNING]
+
+    def wait_all(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for every worker to exit by itself; True if they did."""
+        deadline = time.monotonic() + timeout
+        while self.running() and time.monotonic() < deadline:
+            self._reap()
+            time.sleep(0.005)
+        return not self.running()
+
+    def _reap(self) -> list[Worker]:
+        """Collect the workers that exited since the last look (their state and wait status set)."""
+        exited = []
+        for w in self.running():
+            try:
+                pid, status = os.waitpid(w.pid, os.WNOHANG)
+            except ChildProcessError:  # already reaped elsewhere
+                pid, status = w.pid, 0
+            if pid:
+                w.wait_status = status
+                w.state = WorkerState.SUCCEEDED if status == 0 else WorkerState.FAILED
+                exited.append(w)
+        return exited
+
+    def stop(self, grace: float = 1.0) -> None:
+        """SIGTERM every running worker, wait ``grace`` seconds, SIGKILL the rest, reap all."""
+        for w in self.running():
+            _signal(w.pid, signal.SIGTERM)
+        if not self.wait_all(grace):
+            for w in self.running():
+                _signal(w.pid, signal.SIGKILL)
+            for w in self.running():
+                try:
+                    os.waitpid(w.pid, 0)
+                except ChildProcessError:
+                    pass
+                w.state = WorkerState.STOPPED
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_stable(path: str, deadline: float, quiet: float = 0.05) -> None:
+    """Wait until ``path`` stops growing for ``quiet`` seconds (or the deadline passes)."""
+    last = _size(path)
+    while time.monotonic() < deadline:
+        time.sleep(quiet)
+        now = _size(path)
+        if now == last:
+            return
+        last = now
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def tail(path: str, lines: int = 30) -> list[str]:
+    """The end of a worker's log: from a fatal-signal dump on (capped), else the last ``lines`` lines."""
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read().splitlines()
+    except OSError:
+        return []
+    fatal = next((i for i in range(len(text) - 1, -1, -1) if text[i].startswith("Fatal Python error")), None)
+    if fatal is not None:
+        dump = [line for line in text[fatal:] if not line.startswith("Extension modules:")]
+        return dump[: lines * 2]
+    return text[-lines:]

@@ -1,0 +1,157 @@
+"""The rank side of a run: one forked worker process per rank runs the checks it is told to.
+
+A worker connects to the control store, says hello, then for each check waits for the
+coordinator's directive and publishes its outcome. Its stdout/stderr go to a per-rank log; Python
+stacks can be dumped on SIGUSR1 (faulthandler) and fatal signals print the crashing stack to the log.
+A worker never returns: it ends with ``os._exit``, and dies with its supervisor (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, NoReturn, Sequence
+
+from ddpdoctor.check import Check, RankContext
+from ddpdoctor.result import Outcome, Status
+from ddpdoctor.runner.channel import Channel, ChannelLost, connect_store
+
+__all__ = ["WorkerSpec", "worker_main", "run_guarded", "set_parent_death_signal"]
+
+STACK_SIGNAL = signal.SIGUSR1
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class WorkerSpec:
+    """Everything a worker is told before it starts (the spec; the running process is a Worker)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    backend: str
+    timeout: float
+    store_addr: str
+    store_port: int
+    prefix: str
+    checks: Sequence[Check]
+    stack_path: str
+    log_path: str
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    mode: str = "local"
+    options: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)
+    close_fds: Sequence[int] = ()
+    open_files: Any = None  # set in the worker: files that must stay open for its lifetime
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
+    """Ask Linux to send ``sig`` to this process when its parent dies (no-op elsewhere)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def run_guarded(check: Check, ctx: RankContext) -> Outcome:
+    """Run one check on this rank; an exception becomes a CRASH outcome with its traceback."""
+    start = time.perf_counter()
+    try:
+        outcome = check.run(ctx)
+    except Exception as exc:  # noqa: BLE001 - a crashing check is a result, not a traceback
+        lines = traceback.format_exc().rstrip().splitlines()
+        outcome = Outcome(
+            ctx.rank, Status.CRASH, f"check raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": "),
+            hint="rerun with -v for the traceback; if the check itself is wrong, report it to ddpdoctor",
+            finding="check-crashed", details=tuple(lines[-25:]),
+        )
+    duration = time.perf_counter() - start
+    return Outcome(ctx.rank, outcome.status, outcome.summary, outcome.hint, outcome.finding,
+                   outcome.details, outcome.data, duration)
+
+
+def _prepare(spec: WorkerSpec) -> Any:
+    set_parent_death_signal()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for fd in spec.close_fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    log = open(spec.log_path, "a", buffering=1)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    stack_file = open(spec.stack_path, "a")
+    faulthandler.enable(file=log, all_threads=True)
+    faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True, chain=False)
+    os.environ.update(spec.env)
+    # Ranks share the node's cores, and an OpenMP pool inherited through fork can deadlock the
+    # first parallel op: one intra-op thread per rank (the checks' tensors are small).
+    import torch
+
+    torch.set_num_threads(1)
+    from ddpdoctor.system import nvml
+
+    nvml.forget()  # NVML state is per process: never use the supervisor's handle after fork
+    return log, stack_file
+
+
+def worker_main(spec: WorkerSpec) -> NoReturn:
+    """Entry point of a forked worker; never returns."""
+    code = 0
+    try:
+        spec.open_files = _prepare(spec)  # the log and stack files must stay open
+        store = connect_store(spec.store_addr, spec.store_port, spec.timeout)
+        channel = Channel(store, spec.prefix)
+        ctx = RankContext(
+            rank=spec.rank, world_size=spec.world_size, local_rank=spec.local_rank,
+            local_world_size=spec.local_world_size, node_rank=spec.node_rank, backend=spec.backend,
+            timeout=spec.timeout, store=store, options=spec.options, master_addr=spec.master_addr,
+            master_port=spec.master_port, mode=spec.mode,
+        )
+        channel.put(f"hello/{spec.rank}", _hello(spec))
+        for i, check in enumerate(spec.checks):
+            directive = channel.wait(f"plan/{i}", timeout=float("inf"))
+            if directive["action"] == "stop":
+                break
+            if directive["action"] != "run":
+                continue
+            outcome = run_guarded(check, ctx)
+            channel.put(f"result/{i}/{spec.rank}", outcome.to_dict())
+        channel.wait(f"plan/{len(spec.checks)}", timeout=float("inf"))
+    except ChannelLost as exc:
+        print(f"rank {spec.rank}: {exc}", file=sys.stderr)
+        code = 1
+    except BaseException:  # noqa: BLE001 - the log is the only witness
+        traceback.print_exc()
+        code = 3
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _hello(spec: WorkerSpec) -> dict[str, Any]:
+    from ddpdoctor.system import nvml
+
+    return {
+        "rank": spec.rank,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "local_rank": spec.local_rank,
+        "gpus": nvml.load().device_count(),
+    }

@@ -1,0 +1,44 @@
+"""Reading Python stack dumps (faulthandler format): where a process's main thread is blocked, and who called."""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["where_hung"]
+
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+
+_OURS = ("/threading.py", "/ddpdoctor/runner/worker.py", "/ddpdoctor/runner/channel.py",
+         "/ddpdoctor/runner/supervisor.py", "/ddpdoctor/runner/local.py", "/ddpdoctor/runner/joined.py",
+         "/ddpdoctor/cli.py")
+
+
+
+_LIBRARY = ("/torch/", "/site-packages/", "/dist-packages/", "/lib/python3")
+
+
+
+def _short(path: str) -> str:
+    return "/".join(path.split("/")[-2:])
+
+
+
+def where_hung(stack: str) -> str:
+    """Where a faulthandler dump's main thread is: ``all_reduce, called from run (pkg/train.py:88)``.
+
+    The innermost frame names the call that blocks (often torch's); the innermost frame outside
+    torch and the standard library names the code that made it.
+    """
+    blocks = re.split(r"\n(?=Thread 0x|Current thread 0x)", stack.strip())
+    main = next((b for b in blocks if b.startswith("Current thread")), blocks[0] if blocks else "")
+    frames = [m for m in _FRAME.finditer(main) if not m.group("file").endswith(_OURS)]  # innermost first
+    if not frames:
+        return "an unknown place (no Python stack)"
+    inner = frames[0]
+    caller = next((m for m in frames if not any(p in m.group("file") for p in _LIBRARY)), None)
+    if caller is None or caller is inner:
+        m = caller or inner
+        return f"{m.group('func')} ({_short(m.group('file'))}:{m.group('line')})"
+    return f"{inner.group('func')}, called from {caller.group('func')} ({_short(caller.group('file'))}:{caller.group('line')})"
