@@ -62,6 +62,8 @@ def _scenarios(rank):
         ("reduce/non-tensor", lambda: reduce("loss" if bad else torch.zeros(2), "sum")),
         # detectron2 comm.reduce_dict / mmengine test_all_reduce_dict: different keys
         ("reduce_dict/keys", lambda: reduce_dict({"loss": 1.0, **({"acc": 0.5} if bad else {})})),
+        ("reduce_dict/one-of-40-shapes", lambda: reduce_dict({f"metric_{i:02d}": torch.zeros(3 if bad and i == 37 else 2)
+                                                              for i in range(40)})),
         ("reduce_dict/non-dict", lambda: reduce_dict([1.0] if bad else {"loss": 1.0})),
         ("all_reduce_mean/shape", lambda: all_reduce_mean(torch.zeros(3 if bad else 2))),
         # accelerate test_ops.py test_pad_across_processes
@@ -170,11 +172,16 @@ def test_disagreement_matrix_every_rank_raises_the_same_error_and_the_next_call_
                                                    "rank 1: float32[1, 1, 1, 1, 1, 1, 1, 1, 1, 1]")
     assert one["gather/non-tensor"][1].startswith("gather(): bad input on rank(s) [1]: rank 1: TypeError: gather() "
                                                   "takes tensors (or dicts, lists, tuples of them), got int")
-    assert one["reduce_dict/keys"][1] == ("reduce_dict(): ranks disagree: rank 0: {'loss': float}; rank 1: {'acc': "
-                                          "float, 'loss': float}; rank 2: {'loss': float}")
+    # Keys and entries are named exactly (a second exchange, on the error path only).
+    assert one["reduce_dict/keys"][1] == "reduce_dict(): ranks disagree: acc only on rank(s) [1]"
+    assert one["reduce_dict/one-of-40-shapes"][1] == ("reduce_dict(): ranks disagree: metric_37: rank 0 float32[2], "
+                                                      "rank 1 float32[3], rank 2 float32[2]")
+    assert one["gather/keys"][1] == "gather(): ranks disagree: b only on rank(s) [1]"
+    assert one["reduce/op"][1] == ("reduce(): ranks disagree: rank 0: sum of float32[2]; rank 1: max of float32[2]; "
+                                   "rank 2: sum of float32[2]")
     assert one["reduce/bad-op"][1].startswith("reduce(): bad input on rank(s) [1]: rank 1: ValueError: reduce(): "
                                               "reduction='median'")
-    assert one["helpers/differ"][1] == ("call #56: ranks called different helpers: rank 0: gather(), rank 1: "
+    assert one["helpers/differ"][1] == ("call #58: ranks called different helpers: rank 0: gather(), rank 1: "
                                         "reduce_dict(), rank 2: gather()")
     assert "rank 1: ValueError: this rank's sampler has num_replicas=3, rank=0" in one["gather_for_metrics/sampler-rank"][1]
 

@@ -128,10 +128,9 @@ def test_mismatches_raise_the_same_clear_error_on_every_rank():
                              "on every rank, or dst=None")
         assert caught[5].startswith("CollectiveMismatchError: gather_object(): bad input on rank(s) [1]: rank 1: "
                                     "TypeError: this rank's function cannot be pickled")
-        assert caught[6] == ("CollectiveMismatchError: reduce_dict(): ranks disagree: rank 0: {'acc': float, "
-                             "'loss': float}; rank 1: {'acc': float, 'loss': float}; rank 2: {'loss': float}")
-        assert caught[7] == ("CollectiveMismatchError: all_reduce_mean(): ranks disagree: rank 0: float32[2]; "
-                             "rank 1: float32[3]; rank 2: float32[4]")
+        assert caught[6] == "CollectiveMismatchError: reduce_dict(): ranks disagree: acc missing on rank(s) [2]"
+        assert caught[7] == ("CollectiveMismatchError: all_reduce_mean(): ranks disagree: rank 0: mean of float32[2]; "
+                             "rank 1: mean of float32[3]; rank 2: mean of float32[4]")
         assert caught[8] == [0, 1, 2]
 
 

@@ -116,7 +116,8 @@ class Agreement:
 
 def agree(what: str, *, group: Any, timeout: float, digest: str, text: str,
           failed: Optional[BaseException] = None, ints: tuple[int, int] = (0, 0),
-          payload: Optional[torch.Tensor] = None, eager: bool = False) -> Agreement:
+          payload: Optional[torch.Tensor] = None, eager: bool = False,
+          detail: Optional[dict[str, str]] = None) -> Agreement:
     """Exchange headers (and, with ``eager``, the first bytes of ``payload``); raise alike on disagreement.
 
     Args:
@@ -126,6 +127,8 @@ def agree(what: str, *, group: Any, timeout: float, digest: str, text: str,
         failed: this rank's own validation error; every rank then raises, naming it.
         ints: two helper-specific numbers every rank sees (e.g. payload length, rows).
         payload: this rank's bytes (uint8, 1-d); with ``eager`` up to the group's eager capacity ride along.
+        detail: this rank's input as {path: description}; when the digests differ, every rank
+            exchanges these (only then: one more exchange) so the error names the exact keys and entries.
 
     Raises:
         CollectiveMismatchError: on every rank, when ranks called different helpers, some rank's
@@ -169,6 +172,8 @@ def agree(what: str, *, group: Any, timeout: float, digest: str, text: str,
         _abandon(what, state, group, ranks, call, timeout, late=True, cause=None)
     try:
         _decide(what, words, texts, ranks, call)
+    except _Differ:
+        _explain(what, group, ranks, detail, texts)
     except CollectiveMismatchError as err:
         if failed is not None:
             raise err from failed
@@ -206,10 +211,40 @@ def _decide(what: str, words: list[list[int]], texts: Any, ranks: list[int], cal
                 f"rank {ranks[r]}: {texts[r]}" for r in bad),
             "fix the input on those ranks; every rank stopped here instead of waiting for them")
     if len({row[4] for row in words}) > 1:
-        raise CollectiveMismatchError(
-            "collective-mismatch", f"{what}: ranks disagree: " + "; ".join(
-                f"rank {ranks[r]}: {texts[r]}" for r in range(len(words))),
-            "pass the same structure, keys, dtypes and shapes (beyond dim 0 for gathers) on every rank")
+        raise _Differ("collective-mismatch", "")
+
+
+_HINT = "pass the same structure, keys, dtypes and shapes (beyond dim 0 for gathers) on every rank"
+
+
+class _Differ(CollectiveMismatchError):
+    """The digests differ; :func:`_explain` turns it into the error every rank raises."""
+
+
+def _explain(what: str, group: Any, ranks: list[int], detail: Optional[dict[str, str]], texts: Any) -> None:
+    """Raise the mismatch error: each rank's input, or with ``detail`` the exact entries that differ."""
+    if detail is None:
+        raise CollectiveMismatchError("collective-mismatch", f"{what}: ranks disagree: " + "; ".join(
+            f"rank {ranks[r]}: {texts[r]}" for r in range(len(ranks))), _HINT)
+    everyone: list[Any] = [None] * len(ranks)
+    # Every rank saw the same differing digests, so every rank takes this second exchange.
+    dist.all_gather_object(everyone, detail, group=group)
+    paths = sorted(set().union(*everyone))
+    lines = []
+    for path in paths:
+        have = [r for r in range(len(ranks)) if path in everyone[r]]
+        if len(have) < len(ranks):
+            lacking = [ranks[r] for r in range(len(ranks)) if r not in have]
+            if len(have) < len(lacking):
+                lines.append(f"{path} only on rank(s) {[ranks[r] for r in have]}")
+            else:
+                lines.append(f"{path} missing on rank(s) {lacking}")
+        elif len({everyone[r][path] for r in have}) > 1:
+            lines.append(f"{path}: " + ", ".join(f"rank {ranks[r]} {everyone[r][path]}" for r in have))
+    if not lines:  # the same entries; the difference is elsewhere (dst, reduction, structure)
+        lines = [f"rank {ranks[r]}: {texts[r]}" for r in range(len(ranks))]
+    shown = "; ".join(lines[:8]) + (f"; and {len(lines) - 8} more" if len(lines) > 8 else "")
+    raise CollectiveMismatchError("collective-mismatch", f"{what}: ranks disagree: {shown}", _HINT)
 
 
 def _abandon(what: str, state: _GroupState, group: Any, ranks: list[int], call: int, timeout: float,

@@ -112,6 +112,25 @@ def _describe(obj: Any, leaf: Callable[[Any], str]) -> str:
     return f"({inner})" if isinstance(obj, tuple) else f"[{inner}]"
 
 
+def _paths(obj: Any, leaf: Callable[[Any], str]) -> Optional[dict[str, str]]:
+    """{path: description} of a nested structure's leaves (None for a lone leaf: its text says it all)."""
+    if not isinstance(obj, (Mapping, list, tuple)):
+        return None
+    out: dict[str, str] = {}
+
+    def walk(x: Any, path: str) -> None:
+        if isinstance(x, Mapping):
+            for k in sorted(x, key=repr):
+                walk(x[k], f"{path}.{k}" if isinstance(k, str) and k.isidentifier() else f"{path}[{k!r}]")
+        elif isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                walk(v, f"{path}[{i}]")
+        else:
+            out[path.lstrip(".") or "input"] = leaf(x)
+    walk(obj, "")
+    return out
+
+
 def _shape_text(t: Any, dim0: bool = True) -> str:
     if not isinstance(t, torch.Tensor):
         return type(t).__name__
@@ -161,7 +180,8 @@ def _local_world(what: str, group: Any) -> Optional[list[int]]:
 
 def _gather_bytes(what: str, payload: Optional[torch.Tensor], *, group: Any, timeout: float, ranks: list[int],
                   digest: str, text: str, failed: Optional[BaseException] = None, rows: int = 0,
-                  dst: Optional[int] = None) -> tuple[Agreement, list[int], Optional[torch.Tensor]]:
+                  dst: Optional[int] = None, detail: Optional[dict[str, str]] = None,
+                  ) -> tuple[Agreement, list[int], Optional[torch.Tensor]]:
     """Every rank's ``payload`` bytes back to back, with each rank's length and ``rows``.
 
     The agreement and the first bytes travel in one all-gather; when some rank has more, the rest
@@ -173,7 +193,7 @@ def _gather_bytes(what: str, payload: Optional[torch.Tensor], *, group: Any, tim
         payload = torch.empty(0, dtype=torch.uint8)
     n = payload.numel()
     agreed = agree(what, group=group, timeout=timeout, digest=digest, text=text, failed=failed,
-                   ints=(n, rows), payload=payload, eager=True)
+                   ints=(n, rows), payload=payload, eager=True, detail=detail)
     cap = agreed.capacity
     lengths = [i[0] for i in agreed.ints]
     next_capacity(group_state(group), world, max(lengths))
@@ -255,14 +275,14 @@ def _gather_tree(what: str, data: Any, *, dst: Optional[int], group: Any, timeou
     dst_text = "" if dst is None else f" dst={dst}"
     agreed, lengths, out = _gather_bytes(
         what, payload, group=group, timeout=timeout, ranks=ranks, digest=f"{tag}|{structure}|{dst}",
-        text=shown + dst_text, failed=failed, rows=leaves[0].shape[0] if single else -1, dst=dst)
+        text=shown + dst_text, failed=failed, rows=leaves[0].shape[0] if single else -1, dst=dst,
+        detail=_paths(data, lambda t: _shape_text(t, dim0=False)) if failed is None else None)
     world = len(ranks)
     if single:
         sizes = [[i[1] for i in agreed.ints]]
     else:
-        sizes = [[] for _ in leaves]
-        if out is None:  # not the destination: only the sizes, which every rank's prefix... are unknown here
-            sizes = [[-1] * world for _ in leaves]
+        # Each rank's rows travel in its payload's prefix: known only where the payload arrives.
+        sizes = [[] for _ in leaves] if out is not None else [[-1] * world for _ in leaves]
     if out is None:
         return None, sizes
     t0 = leaves[0] if leaves else None
@@ -475,7 +495,8 @@ def collect_results(results: Sequence[Any], size: int, *, group: Any = None,
 
 # --- gather_for_metrics ----------------------------------------------------------------------------
 
-_seen: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+# Per-batch progress of each sampler: (its epoch, samples this rank has returned so far).
+_seen: weakref.WeakKeyDictionary[Any, tuple[Any, int]] = weakref.WeakKeyDictionary()
 
 
 def gather_for_metrics(values: Any, sampler: Any = None, *, total: Optional[int] = None, per_batch: bool = False,
@@ -621,7 +642,10 @@ def _dataset_order(order: torch.Tensor, size: int, world: int, per_rank: int) ->
 
 def _per_batch_sampler(values: Any, sampler: Any, group: Any, timeout: float) -> Any:
     what = "gather_for_metrics()"
-    seen = _seen.get(sampler, 0)
+    epoch = getattr(sampler, "epoch", None)
+    last_epoch, seen = _seen.get(sampler, (epoch, 0))
+    if last_epoch != epoch:  # a new epoch (set_epoch) after a loop that stopped early starts over
+        seen = 0
     problem = _sampler_problem(sampler, group)
     dataset = getattr(sampler, "dataset", None)
     total = len(dataset) if dataset is not None and hasattr(dataset, "__len__") else None
@@ -638,7 +662,7 @@ def _per_batch_sampler(values: Any, sampler: Any, group: Any, timeout: float) ->
     if seen >= len(sampler):
         _seen.pop(sampler, None)
     else:
-        _seen[sampler] = seen
+        _seen[sampler] = (epoch, seen)
     if all(keep):
         return whole
     rows = torch.tensor(keep).nonzero().view(-1)
@@ -760,8 +784,9 @@ def _reduce_leaves(what: str, data: Any, reduction: str, group: Any, timeout: fl
         eager = nbytes <= cap
         payload = torch.cat([f.view(-1).view(torch.uint8) for f in flats]) if flats and eager else None
         _, _, out = _gather_bytes(what, payload, group=group, timeout=timeout, ranks=ranks,
-                                             digest=f"{reduction}|{structure}|{tag}", text=tag or structure,
-                                             failed=failed)
+                                             digest=f"{reduction}|{structure}|{tag}", text=f"{reduction} of {tag or structure}",
+                                             failed=failed, detail=None if failed is not None or tag
+                                             else _paths(data, _shape_text))
         if eager:  # every rank's values came with the agreement: reduce here, in rank order, alike everywhere
             results = []
             per_rank = out.view(world, -1) if nbytes else None
