@@ -18,6 +18,7 @@ raises at once instead of returning something built from mismatched calls.
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import struct
 import time
@@ -38,6 +39,7 @@ DEFAULT_TIMEOUT = 600.0
 
 _MAGIC = 0xDD0C0015
 _WORDS = 8                        # magic, helper, call, failed, digest, deadline, two helper ints
+_HEADER = struct.Struct("<5qd2q")
 _TEXT = 192                       # the rank's input described, or its failure
 HEADER_BYTES = _WORDS * 8 + _TEXT  # 256, a multiple of 8
 _EAGER_MIN, _EAGER_BUDGET = 4096, 128 * 1024
@@ -66,6 +68,21 @@ class _GroupState:
     capacity: int = _EAGER_MIN     # eager bytes per rank in the next header exchange (same on every rank)
     poisoned: Optional[tuple[str, str]] = None
     extra: dict[Any, Any] = field(default_factory=dict)
+    buffers: dict[Any, torch.Tensor] = field(default_factory=dict)
+
+    def scratch(self, role: str, numel: int, device: torch.device) -> torch.Tensor:
+        """A reused byte buffer for this group's exchanges (fresh allocations cost more than a small one).
+
+        Per group: after a timeout the abandoned exchange may still write into its group's buffers,
+        and that group is never used again. Results never alias these: helpers copy out first.
+        """
+        key = (role, numel, device)
+        buf = self.buffers.get(key)
+        if buf is None:
+            if len(self.buffers) > 8:
+                self.buffers.clear()
+            buf = self.buffers[key] = torch.zeros(numel, dtype=torch.uint8, device=device)
+        return buf
 
 
 _STATES: dict[Any, _GroupState] = {}
@@ -147,28 +164,28 @@ def agree(what: str, *, group: Any, timeout: float, digest: str, text: str,
     _NAMES[helper] = what
     capacity = state.capacity
     entered = time.time()
-    header = [_MAGIC, helper, call, int(failed is not None), _crc(digest), 0, int(ints[0]), int(ints[1])]
-    header[5] = struct.unpack("<q", struct.pack("<d", entered + timeout))[0]
     message = f"{type(failed).__name__}: {failed}" if failed is not None else text
     raw = message.encode("utf-8", "backslashreplace")[:_TEXT]
-    buf = torch.zeros(HEADER_BYTES + capacity, dtype=torch.uint8)
-    buf[:_WORDS * 8] = torch.tensor(header, dtype=torch.int64).view(torch.uint8)
-    buf[_WORDS * 8:_WORDS * 8 + len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    header = _HEADER.pack(_MAGIC, helper, call, int(failed is not None), _crc(digest), entered + timeout,
+                          int(ints[0]), int(ints[1])) + raw.ljust(_TEXT, b"\0")
+    buf = state.scratch("send", HEADER_BYTES + capacity, device)
+    buf[:HEADER_BYTES] = torch.frombuffer(bytearray(header), dtype=torch.uint8)
     if eager and payload is not None and failed is None and payload.numel():
         k = min(capacity, payload.numel())
-        buf[HEADER_BYTES:HEADER_BYTES + k] = payload[:k].cpu()
-    buf = buf.to(device)
-    table = torch.empty(world * buf.numel(), dtype=torch.uint8, device=device)
+        buf[HEADER_BYTES:HEADER_BYTES + k] = payload[:k]
+    table = state.scratch("receive", world * buf.numel(), device)
     try:
         work = _all_gather_single()(table, buf, group=group, async_op=True)
         work.wait(timeout=datetime.timedelta(seconds=timeout))
     except RuntimeError as exc:
         _abandon(what, state, group, ranks, call, timeout, late=False, cause=exc)
     table = table.view(world, -1)
-    words = table[:, :_WORDS * 8].cpu().contiguous().view(torch.int64).tolist()
+    heads = table[:, :_HEADER.size].cpu().contiguous() if table.device.type != "cpu" else table
+    row = heads.stride(0)
+    words = [list(_HEADER.unpack(ctypes.string_at(heads.data_ptr() + r * row, _HEADER.size))) for r in range(world)]
     texts = _Texts(table)
-    deadlines = [struct.unpack("<d", struct.pack("<q", row[5]))[0] for row in words]
-    if any(entered > d for r, d in enumerate(deadlines) if ranks[r] != dist.get_rank()):
+    me = dist.get_rank()
+    if any(entered > words[r][5] for r in range(world) if ranks[r] != me):
         _abandon(what, state, group, ranks, call, timeout, late=True, cause=None)
     try:
         _decide(what, words, texts, ranks, call)
