@@ -237,7 +237,7 @@ def test_a_rank_that_never_calls_makes_every_rank_raise_within_the_timeout():
     for r in (0, 1):
         message, waited = results[r]["barrier"]
         assert message == f"only 2 of 3 ranks reached barrier() within 0.5s (rank {r} did)"
-        assert waited < 3
+        assert waited < 10
     message, waited = results[2]["barrier"]
     assert message == ("only 2 of 3 ranks reached barrier() within the others' timeout; rank 2 arrived after "
                        "they gave up")
@@ -247,10 +247,10 @@ def test_a_rank_that_never_calls_makes_every_rank_raise_within_the_timeout():
                         "calling it, took another code path, or are stuck); this process group is unusable from "
                         "here (the abandoned collective would pair with the next one)"}, gathered
     for r in range(3):
-        assert results[r]["gather"][1] < 4, results[r]  # the timeout, a short grace, not the group's 60 s
+        assert results[r]["gather"][1] < 10, results[r]  # the timeout and a short grace, not the group's 60 s
         message, waited = results[r]["next"]
         assert message.startswith("reduce_dict(): call #0 was abandoned: rank(s) [2]"), message
-        assert waited < 0.5
+        assert waited < 2  # at once: no collective is attempted
 
 
 # --- the happy path's cost ---------------------------------------------------------------------------

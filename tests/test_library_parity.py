@@ -150,6 +150,11 @@ def _subgroups(rank, world):
         except CollectiveMismatchError as exc:
             out["bad_dst"] = str(exc)
         barrier(group=group)
+    else:
+        try:
+            gather(torch.ones(1), group=group)
+        except ValueError as exc:
+            out["outsider"] = str(exc)
     out["world"] = gather(torch.tensor([rank])).tolist()  # the world's own calls are still in step
     return out
 
@@ -162,7 +167,8 @@ def test_every_helper_works_on_a_new_group_subgroup(world):
     for rank, out in enumerate(results):
         assert out["world"] == list(range(world))
         if rank not in (0, last):
-            assert set(out) == {"world"}
+            assert out["outsider"] == (f"gather(): rank {rank} is not a member of the group (ranks [0, {last}]); "
+                                       "call it only on the group's ranks")
             continue
         assert out["gather"] == [0] + [last] * world
         assert out["reduce"] == [last]

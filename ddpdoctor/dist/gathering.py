@@ -173,6 +173,9 @@ def _local_world(what: str, group: Any) -> Optional[list[int]]:
     if not require_process_group(what):
         return None
     ranks = group_ranks(group)
+    if dist.get_rank() not in ranks:
+        raise ValueError(f"{what}: rank {dist.get_rank()} is not a member of the group (ranks {ranks}); call it only "
+                         f"on the group's ranks")
     return ranks if len(ranks) > 1 else None
 
 
