@@ -529,8 +529,9 @@ def gather_for_metrics(values: Any, sampler: Any = None, *, total: Optional[int]
     timeout = check_timeout(what, timeout)
     if total is not None and sampler is None:
         return _per_batch_total(values, total, group, timeout)
-    if sampler is None:
-        raise TypeError(f"{what} needs the sampler (DistributedSampler), or total= for an IterableDataset")
+    if sampler is None:  # every rank still takes part, so that no later call shifts
+        error = TypeError(f"{what} needs the sampler (DistributedSampler), or total= for an IterableDataset")
+        return _gather_tree(what, values, dst=None, group=group, timeout=timeout, failed=error)[0]
     if per_batch:
         return _per_batch_sampler(values, sampler, group, timeout)
     return _whole(values, sampler, group, timeout)
@@ -582,15 +583,18 @@ def _whole(values: Any, sampler: Any, group: Any, timeout: float) -> Any:
     is_tensor = isinstance(values, (torch.Tensor, Mapping, tuple))
     failed: Optional[BaseException] = None
     if is_tensor:
-        leaves = _leaves(values, what)
+        try:
+            leaves = _leaves(values, what)
+        except TypeError as exc:
+            leaves, failed = [], exc
         n_values = leaves[0].shape[0] if leaves and leaves[0].ndim else -1
-        if any(t.ndim == 0 or t.shape[0] != n_values for t in leaves):
+        if failed is None and any(t.ndim == 0 or t.shape[0] != n_values for t in leaves):
             failed = ValueError(f"{what}: pass one row per sample in every tensor (got {_describe(values, _shape_text)})")
     else:
         values = list(values)
         n_values = len(values)
     problem = _sampler_problem(sampler, group)
-    if problem:
+    if problem and failed is None:
         failed = ValueError(problem)
     elif failed is None and n_values != count:
         failed = ValueError(f"{n_values} results but the sampler yielded {count} indices; pass one result "
@@ -674,12 +678,15 @@ def _per_batch_sampler(values: Any, sampler: Any, group: Any, timeout: float) ->
 
 def _per_batch_total(values: Any, total: int, group: Any, timeout: float) -> Any:
     what = "gather_for_metrics()"
+    failed = None
     if isinstance(total, bool) or not isinstance(total, int) or total < 0:
-        raise ValueError(f"{what}: total={total!r}: give the number of samples in the whole dataset")
+        failed = ValueError(f"{what}: total={total!r}: give the number of samples in the whole dataset")
+        total = 0
     state = group_state(group) if dist.is_available() and dist.is_initialized() else None
     extra = state.extra if state is not None else _LOCAL_EXTRA
     seen = extra.get(("metrics", total), 0)
-    whole, sizes = _gather_tree(what, values, dst=None, group=group, timeout=timeout, tag=f"total|{total}|{seen}")
+    whole, sizes = _gather_tree(what, values, dst=None, group=group, timeout=timeout, tag=f"total|{total}|{seen}",
+                                failed=failed)
     gathered = sum(sizes[0])
     keep = max(0, min(gathered, total - seen))
     seen += gathered
