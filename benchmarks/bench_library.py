@@ -12,7 +12,8 @@ the same script:
 
 Sizes: small is 1 KiB per rank; large is 64 MiB per rank for ``reduce_dict`` and 64 MiB gathered in
 all for the gathers (64 MiB / ranks per rank), so that 8 ranks fit in memory next to the baseline.
-Prints medians and ratios; the target is one extra small round trip for small inputs (the
+Prints medians of wall time and ratios, and the CPU time per call of each (on a loaded machine the
+wall time of a 1 KiB call is mostly waiting for a core; the CPU time is the work done); the target is one extra small round trip for small inputs (the
 difference in ms is printed) and at most 1.3x for large ones (exit 3 when a large ratio is over).
 
 Usage: python benchmarks/bench_library.py [--ranks 2 4 8] [--repeat 15]
@@ -91,23 +92,25 @@ def _rank_main(rank: int, world: int, store_path: str, repeat: int, wfd: int) ->
         for name, (ours, plain) in _cases(rank, world, nbytes, large).items():
             for fn in (ours, plain, ours, plain):  # warm up
                 fn()
-            times = {"ours": [], "plain": []}
+            times: dict = {"ours": [], "plain": [], "ours_cpu": [], "plain_cpu": []}
             for _ in range(reps):  # interleaved, so drift and neighbours' load hit both alike
                 for key, fn in (("ours", ours), ("plain", plain)):
                     dist.barrier()
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.process_time()
                     for _ in range(inner):
                         fn()
                     times[key].append((time.perf_counter() - t0) / inner)
+                    times[key + "_cpu"].append((time.process_time() - c0) / inner)
             # every rank's median, the slowest rank's figure counts
-            med = torch.tensor([statistics.median(times["ours"]), statistics.median(times["plain"])],
+            med = torch.tensor([statistics.median(times[k]) for k in ("ours", "plain", "ours_cpu", "plain_cpu")],
                                dtype=torch.float64)
             dist.all_reduce(med, op=dist.ReduceOp.MAX)
-            ours_s, plain_s = med.tolist()
+            ours_s, plain_s, ours_cpu, plain_cpu = med.tolist()
             ratio = ours_s / plain_s
             verdict = "" if not large or name.endswith("*") else f" ({'OK' if ratio <= LIMIT else 'OVER'} at {LIMIT}x)"
             lines.append(f"{world} ranks  {label:>6}  {name:<19} ours {ours_s * 1e3:9.3f} ms  torch {plain_s * 1e3:9.3f} ms"
-                         f"  ratio {ratio:5.2f}x  diff {(ours_s - plain_s) * 1e3:+8.3f} ms{verdict}")
+                         f"  ratio {ratio:5.2f}x  diff {(ours_s - plain_s) * 1e3:+8.3f} ms  cpu/call ours "
+                         f"{ours_cpu * 1e3:.3f} torch {plain_cpu * 1e3:.3f} ms{verdict}")
     dist.destroy_process_group()
     if rank == 0:
         os.write(wfd, ("\n".join(lines) + "\n").encode())
