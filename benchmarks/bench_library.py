@@ -16,7 +16,7 @@ Prints medians of wall time and ratios, and the CPU time per call of each (on a 
 wall time of a 1 KiB call is mostly waiting for a core; the CPU time is the work done); the target is one extra small round trip for small inputs (the
 difference in ms is printed) and at most 1.3x for large ones (exit 3 when a large ratio is over).
 
-Usage: python benchmarks/bench_library.py [--ranks 2 4 8] [--repeat 15]
+Usage: python benchmarks/bench_library.py [--ranks 2 4 8] [--repeat 15] [--sizes "1 KiB" "64 MiB"]
 """
 
 from __future__ import annotations
@@ -81,12 +81,12 @@ def _cases(rank: int, world: int, nbytes: int, large: bool) -> dict:
     }
 
 
-def _rank_main(rank: int, world: int, store_path: str, repeat: int, wfd: int) -> None:
+def _rank_main(rank: int, world: int, store_path: str, repeat: int, wfd: int, sizes: list) -> None:
     torch.set_num_threads(1)
     store = dist.FileStore(store_path, world)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=600))
     lines = []
-    for label, nbytes, large in (("1 KiB", SMALL, False), ("64 MiB", LARGE, True)):
+    for label, nbytes, large in [c for c in (("1 KiB", SMALL, False), ("64 MiB", LARGE, True)) if c[0] in sizes]:
         reps = repeat if not large else max(3, repeat // 3)
         inner = 20 if not large else 1
         for name, (ours, plain) in _cases(rank, world, nbytes, large).items():
@@ -116,7 +116,7 @@ def _rank_main(rank: int, world: int, store_path: str, repeat: int, wfd: int) ->
         os.write(wfd, ("\n".join(lines) + "\n").encode())
 
 
-def _run(world: int, repeat: int) -> str:
+def _run(world: int, repeat: int, sizes: list) -> str:
     tmp = tempfile.mkdtemp(prefix="ddpdoctor-bench-")
     try:
         r, w = os.pipe()
@@ -127,7 +127,7 @@ def _run(world: int, repeat: int) -> str:
                 code = 0
                 try:
                     os.close(r)
-                    _rank_main(rank, world, os.path.join(tmp, "store"), repeat, w)
+                    _rank_main(rank, world, os.path.join(tmp, "store"), repeat, w, sizes)
                 except BaseException:  # noqa: BLE001
                     import traceback
                     traceback.print_exc()
@@ -152,12 +152,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--sizes", nargs="+", choices=["1 KiB", "64 MiB"], default=["1 KiB", "64 MiB"])
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, gloo; medians of {args.repeat} interleaved runs "
           f"(large: {max(3, args.repeat // 3)}), slowest rank")
     report = ""
     for world in args.ranks:
-        text = _run(world, args.repeat)
+        text = _run(world, args.repeat, args.sizes)
         print(text, end="", flush=True)
         report += text
     return 3 if "OVER" in report else 0
