@@ -82,7 +82,7 @@ def test_list_names_every_check(cli_env):
     assert p.returncode == 0
     names = [line.split()[0] for line in p.stdout.splitlines()]
     assert names == ["env", "port", "process-group", "collectives", "sampler", "param-sync", "bn-sync",
-                     "collectives-bench"]
+                     "collectives-bench", "locate"]
 
 
 @pytest.mark.timeout(60)
