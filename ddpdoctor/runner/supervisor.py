@@ -58,6 +58,7 @@ class Supervisor:
     def __init__(self) -> None:
         self.workers: list[Worker] = []
         self.channel: Optional[Channel] = None
+        self._stackreqs = 0  # stack requests seen on the channel (a counter: one read per poll)
 
     def start(self, specs: Sequence[WorkerSpec]) -> None:
         """Fork one worker per spec. Call before this process starts any thread or store server."""
@@ -80,7 +81,9 @@ class Supervisor:
                 info = describe_exit(w.wait_status or 0, w.pid)
                 info["log"] = tail(w.spec.log_path)
                 self.channel.put(f"dead/{w.rank}", info)
-        if self.channel is not None:
+                self.channel.enrol("dead", w.rank, counted=True)
+        if self.channel is not None and self.channel.count("stackreq") > self._stackreqs:
+            self._stackreqs = self.channel.count("stackreq")
             wanted = [w for w in self.workers if self.channel.has(f"stackreq/{w.rank}")]
             if wanted:
                 for w in wanted:

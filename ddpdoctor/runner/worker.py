@@ -21,7 +21,7 @@ from typing import Any, NoReturn, Sequence
 
 from ddpdoctor.check import Check, RankContext
 from ddpdoctor.result import Outcome, Status
-from ddpdoctor.runner.channel import Channel, ChannelLost, connect_store
+from ddpdoctor.runner.channel import Channel, ChannelLost, connect_store, dump_counts
 
 __all__ = ["WorkerSpec", "worker_main", "run_guarded", "set_parent_death_signal"]
 
@@ -122,6 +122,7 @@ def worker_main(spec: WorkerSpec) -> NoReturn:
             master_port=spec.master_port, mode=spec.mode,
         )
         channel.put(f"hello/{spec.rank}", _hello(spec))
+        channel.enrol("hello", spec.rank, counted=True)
         for i, check in enumerate(spec.checks):
             directive = channel.wait(f"plan/{i}", timeout=float("inf"))
             if directive["action"] == "stop":
@@ -130,6 +131,7 @@ def worker_main(spec: WorkerSpec) -> NoReturn:
                 continue
             outcome = run_guarded(check, ctx)
             channel.put(f"result/{i}/{spec.rank}", outcome.to_dict())
+            channel.enrol(f"result/{i}", spec.rank)
         channel.wait(f"plan/{len(spec.checks)}", timeout=float("inf"))
     except ChannelLost as exc:
         print(f"rank {spec.rank}: {exc}", file=sys.stderr)
@@ -139,6 +141,7 @@ def worker_main(spec: WorkerSpec) -> NoReturn:
         code = 3
     finally:
         try:
+            dump_counts(f"rank{spec.rank}")
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
