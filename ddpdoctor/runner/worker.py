@@ -21,7 +21,7 @@ from typing import Any, NoReturn, Sequence
 
 from ddpdoctor.check import Check, RankContext
 from ddpdoctor.result import Outcome, Status
-from ddpdoctor.runner.channel import Channel, ChannelLost, connect_store, dump_counts
+from ddpdoctor.runner.channel import COUNTS, Channel, ChannelLost, connect_store, dump_counts
 
 __all__ = ["WorkerSpec", "worker_main", "run_guarded", "set_parent_death_signal"]
 
@@ -113,6 +113,7 @@ def worker_main(spec: WorkerSpec) -> NoReturn:
     code = 0
     try:
         spec.open_files = _prepare(spec)  # the log and stack files must stay open
+        COUNTS.clear()  # this rank's own messages, not the supervisor's before the fork
         store = connect_store(spec.store_addr, spec.store_port, spec.timeout)
         channel = Channel(store, spec.prefix)
         ctx = RankContext(
