@@ -1,8 +1,9 @@
 """The control plane at scale: `ddpdoctor check --only env,port,process-group` at 2, 8, 32, 128 ranks.
 
 For each world size it prints the wall time (median of REPEAT runs), the time each rank beyond the
-first 2 adds, and the control-store messages: each rank's (hello, directives, results: the same
-at every size) and the supervisor's (its polling: one counter or roll per tick, never one key per
+first 2 adds, and the control-store messages: each rank's writes and reads (hello, directives,
+results: the same at every size), its waits (one per second it waits for a directive: they follow
+the time, not the world) and the supervisor's (its polling: one counter or roll per tick, never one key per
 rank, so per rank it falls as the world grows). The counts come from runner/channel.py's COUNTS,
 written per process through DDPDOCTOR_CHANNEL_COUNTS. The floor (floor_world.py) at the same size
 is timed alongside. ``--default`` also runs every default check at each size and says whether it
@@ -36,17 +37,24 @@ def _run(cmd: list, env: dict, timeout: float) -> tuple[float, int, str]:
     return time.perf_counter() - t0, p.returncode, p.stdout
 
 
-def _counts(folder: str, n: int) -> tuple[float, int, float]:
-    """(mean messages per worker, max, supervisor messages per rank)."""
-    per_rank = []
+def _counts(folder: str, n: int) -> tuple[float, int, float, float]:
+    """(mean messages per worker, max, mean waits per worker, supervisor messages per rank).
+
+    A message is a write or a read; a worker waiting for its next directive also sends one
+    ``wait`` per second it waits (counted apart: it follows the time, not the world size).
+    """
+    per_rank, waits = [], []
     for r in range(n):
         path = os.path.join(folder, f"rank{r}.json")
         if os.path.exists(path):
             with open(path) as f:
-                per_rank.append(sum(json.load(f).values()))
+                c = json.load(f)
+            waits.append(c.pop("wait", 0))
+            per_rank.append(sum(c.values()))
     with open(os.path.join(folder, "supervisor.json")) as f:
         sup = sum(json.load(f).values())
-    return (statistics.mean(per_rank) if per_rank else float("nan"), max(per_rank, default=0), sup / n)
+    return (statistics.mean(per_rank) if per_rank else float("nan"), max(per_rank, default=0),
+            statistics.mean(waits) if waits else float("nan"), sup / n)
 
 
 def main() -> None:
@@ -58,7 +66,7 @@ def main() -> None:
     args = ap.parse_args()
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
     print(f"{'ranks':>5}  {'floor s':>8}  {'check s':>8}  {'s/rank added':>12}  {'msgs/rank':>9}  "
-          f"{'max':>4}  {'supervisor msgs/rank':>20}")
+          f"{'max':>4}  {'waits/rank':>10}  {'supervisor msgs/rank':>20}")
     base = None
     failed = False
     rows = []
@@ -86,12 +94,13 @@ def main() -> None:
         wall = statistics.median(walls)
         mean_msgs = statistics.median(c[0] for c in counts)
         top = max(c[1] for c in counts)
-        sup = statistics.median(c[2] for c in counts)
+        waits = statistics.median(c[2] for c in counts)
+        sup = statistics.median(c[3] for c in counts)
         added = "-" if base is None else f"{(wall - base[1]) / (n - base[0]):.3f}"
         base = base or (n, wall)
         rows.append((n, wall, mean_msgs))
         print(f"{n:>5}  {statistics.median(floors):>8.2f}  {wall:>8.2f}  {added:>12}  {mean_msgs:>9.1f}  {top:>4}  "
-              f"{sup:>20.1f}", flush=True)
+              f"{waits:>10.1f}  {sup:>20.1f}", flush=True)
     if len({round(r[2], 1) for r in rows}) > 1:
         print("MISSED: the messages per rank changed with the world size")
         failed = True

@@ -45,19 +45,23 @@ def _check(out: str) -> list[Row]:
 
 def _scale(out: str) -> list[Row]:
     rows = []
-    found = re.findall(r"^\s*(\d+)\s+([\d.]+)\s+([\d.]+)\s+(-|[\d.-]+)\s+([\d.]+)\s+(\d+)\s+([\d.]+)\s*$", out, re.M)
+    found = re.findall(r"^\s*(\d+)\s+([\d.]+)\s+([\d.]+)\s+(-|[\d.-]+)\s+([\d.]+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s*$",
+                       out, re.M)
     if found:
-        msgs = {int(n): float(m) for n, _, _, _, m, _, _ in found}
+        msgs = {int(n): float(m) for n, _, _, _, m, _, _, _ in found}
         sizes = sorted(msgs)
         text = ", ".join(f"{n}: {msgs[n]:g}" for n in sizes)
         rows.append((f"control-store messages per rank at {', '.join(map(str, sizes))} ranks (env, port, "
-                     "process-group and the runner's)", text, "constant in N", _met(len(set(msgs.values())) == 1)))
-        sup = ", ".join(f"{int(n)}: {float(s):.0f}" for n, _, _, _, _, _, s in found)
+                     "process-group and the runner's; writes and reads)", text, "constant in N",
+                     _met(len(set(msgs.values())) == 1)))
+        waits = ", ".join(f"{int(n)}: {float(w):g}" for n, _, _, _, _, _, w, _ in found)
+        rows.append(("a rank's waits for its next directive (one per second waited)", waits, "-", "-"))
+        sup = ", ".join(f"{int(n)}: {float(s):.0f}" for n, _, _, _, _, _, _, s in found)
         rows.append(("supervisor's own store messages per rank (polling)", sup, "not growing with N",
-                     _met(all(float(b[6]) <= float(a[6]) * 1.5 for a, b in zip(found, found[1:])))))
+                     _met(all(float(b[7]) <= float(a[7]) * 1.5 for a, b in zip(found, found[1:])))))
         times = ", ".join(f"{int(n)}: {float(w):.2f} s" + ("" if a == "-" else f" (+{float(a) * 1000:.0f} ms/rank)")
-                          for n, _, w, a, _, _, _ in found)
-        floors = ", ".join(f"{int(n)}: {float(f):.2f} s" for n, f, _, _, _, _, _ in found)
+                          for n, _, w, a, _, _, _, _ in found)
+        floors = ", ".join(f"{int(n)}: {float(f):.2f} s" for n, f, _, _, _, _, _, _ in found)
         rows.append(("control plane wall time by ranks (time per rank added)", f"{times}; floor {floors}", "-", "-"))
     for m in re.finditer(r"^\s*(\d+)\s+([\d.]+)\s+exit (\d+): (.*)$", out, re.M):
         n, wall, rc, last = m.groups()
