@@ -255,11 +255,9 @@ class ModelCheck(Check):
     """
 
     requires = Requirements(min_world_size=2, process_group=True)
-    slow = True  # DDP construction imports torch._dynamo (~2 s), paid once in prepare()
-
-    @classmethod
-    def prepare(cls, options: Mapping[str, Any]) -> None:
-        import torch._dynamo  # noqa: F401 - imported before ranks fork, so every rank inherits it
+    slow = True
+    # No prepare(): importing torch._dynamo before the ranks fork cost as much as importing torch,
+    # on the critical path; the checks build the real DDP without it (checks/ddp_eager.py).
 
     def seed(self, rank: int) -> int:
         """The seed the model is built under on ``rank``."""
