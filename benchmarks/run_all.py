@@ -34,11 +34,12 @@ def _met(ok: bool) -> str:
 
 def _check(out: str) -> list[Row]:
     rows = []
-    for m in re.finditer(r"^(default|control)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+<= ([\d.]+)x", out, re.M):
-        subject, n, floor, check, ratio, target = m.groups()
+    for m in re.finditer(r"^(default|control)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+<= ([\d.]+)x"
+                         r"\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", out, re.M):
+        subject, n, floor, check, ratio, target, _, _, cpu = m.groups()
         what = ("`ddpdoctor check` (every default check)" if subject == "default"
                 else "`ddpdoctor check --only env,port,process-group`")
-        rows.append((f"{what} vs the fork floor, {n} ranks", f"{check} s vs {floor} s: **{ratio}x**",
+        rows.append((f"{what} vs the fork floor, {n} ranks", f"{check} s vs {floor} s: **{ratio}x** (CPU {cpu}x)",
                      f"<= {target}x", _met(float(ratio) <= float(target))))
     return rows
 
