@@ -42,6 +42,7 @@ TIMED = ("all_reduce(sum)", "all_gather(tensor)", "reduce_scatter", "all_to_all"
          "send_recv(ring)")
 CPU_SLACK = 4.0  # a CPU world may spend this many times the 2-rank world's collective work before shrinking
 CROWDED = 4.0  # work_shrink from which a CPU world checks fewer cases and times fewer calls (see cases)
+PACKED = 256.0  # work_shrink from which a CPU world checks each operation once (see cases)
 TIMED_SHARE = 0.5  # the timed pass runs only if it is projected to end within this share of the deadline
 STRAGGLER_FLOOR_US = 2000.0  # a rank must be this much later than the median (or one call) to count
 
@@ -126,10 +127,13 @@ class CollectivesCheck(Check):
         A crowded CPU world (``shrink >= CROWDED``: e.g. 8 or more ranks on 2 cores, 32 on 16), where every
         collective's latency is the time for its ranks to get a core in turn, checks fewer cases:
         float32 at the odd and large sizes (the small size exercises the same path as the odd one),
-        and the other dtypes in all_reduce(sum) and all_gather(tensor) only.
+        and the other dtypes in all_reduce(sum) and all_gather(tensor) only. A packed one
+        (``shrink >= PACKED``: e.g. 64 ranks or more on 2 cores) checks every operation once in
+        float32 at the odd size and the other dtypes in all_reduce(sum) only.
         """
         world = group.label == "world"
         crowded = self.shrink >= CROWDED
+        packed = self.shrink >= PACKED
         small, odd, large = SIZES
         large = scaled_count(large, self.shrink, odd)
         out = []
@@ -141,7 +145,11 @@ class CollectivesCheck(Check):
                 if dtype == "float32":
                     counts = [small, odd, large] if world else [small, odd]
                     if crowded:
-                        counts = counts[1:]
+                        counts = counts[1:2] if packed else counts[1:]
+                elif packed and op != "all_reduce(sum)":
+                    counts = []
+                elif packed:
+                    counts = [odd]
                 elif crowded and op not in ("all_reduce(sum)", "all_gather(tensor)"):
                     counts = []
                 else:
