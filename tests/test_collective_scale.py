@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ddpdoctor.checks.collectives import CROWDED, SIZES, TIMED_COUNT, CollectivesCheck, scaled_count, work_shrink
-from ddpdoctor.diagnostics.collective_plan import Group, _ints, _modulus, reduced_ints
+from ddpdoctor.diagnostics.collective_plan import Group, _ints, _modulus, ints_by_rank, reduced_ints
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 7, 8, 31, 32, 128])
@@ -25,6 +25,7 @@ def test_closed_form_reductions_equal_the_rank_by_rank_loop(n, dtype, reduces):
         assert torch.equal(reduced_ints("sum", n, count, m, offset), total)
         assert torch.equal(reduced_ints("max", n, count, m, offset), high)
         assert torch.equal(reduced_ints("min", n, count, m, offset), low)
+        assert torch.equal(ints_by_rank(n, count, m, offset), torch.stack(ranks))
 
 
 def test_small_worlds_keep_the_full_plan_and_crowded_ones_shrink():
