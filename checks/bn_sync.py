@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
 from ddpdoctor.check import RankContext
+from ddpdoctor.checks.ddp_eager import sgd_step, wrap_ddp, zero_grad
 from ddpdoctor.diagnostics.batchnorm import batchnorm_layers, bn_divergence, sync_bn_stats
 from ddpdoctor.diagnostics.model_factory import LoadedModel, ModelCheck, forward_failed, forward_loss, rank_batch
 from ddpdoctor.result import Outcome, count
@@ -55,16 +55,14 @@ class BnSyncCheck(ModelCheck):
         try:
             if ctx.device != "cpu":
                 model.to(ctx.device)
-                ddp = DistributedDataParallel(model, device_ids=[ctx.local_rank],
-                                              find_unused_parameters=unused)
+                ddp = wrap_ddp(model, device_ids=[ctx.local_rank], find_unused_parameters=unused)
             else:
-                ddp = DistributedDataParallel(model, find_unused_parameters=unused)
-            optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
-            for step in range(STEPS):
-                optimizer.zero_grad(set_to_none=True)
+                ddp = wrap_ddp(model, find_unused_parameters=unused)
+            for step in range(STEPS):  # torch.optim.SGD(lr=0.01) without importing dynamo: ddp_eager.py
+                zero_grad(ddp.parameters())
                 batch = rank_batch(loaded.input_shape, ctx.rank, step + 1).to(ctx.device)
                 forward_loss(ddp, batch).backward()
-                optimizer.step()
+                sgd_step(ddp.parameters(), {}, lr=0.01)
         except Exception as exc:  # noqa: BLE001 - the user's forward is theirs to fix
             return forward_failed(ctx, exc, loaded.input_shape, details, data)
 

@@ -15,6 +15,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from ddpdoctor.check import RankContext
+from ddpdoctor.checks.ddp_eager import sgd_step, wrap_ddp, zero_grad
 from ddpdoctor.diagnostics.desync import DesyncError, assert_in_sync
 from ddpdoctor.diagnostics.model_factory import LoadedModel, ModelCheck, forward_loss, rank_batch
 from ddpdoctor.result import Outcome, count
@@ -27,9 +28,8 @@ STEPS = 2
 def _wrap(model: torch.nn.Module, ctx: RankContext, find_unused: bool) -> DistributedDataParallel:
     if ctx.device != "cpu":
         model.to(ctx.device)
-        return DistributedDataParallel(model, device_ids=[ctx.local_rank],
-                                       find_unused_parameters=find_unused)
-    return DistributedDataParallel(model, find_unused_parameters=find_unused)
+        return wrap_ddp(model, device_ids=[ctx.local_rank], find_unused_parameters=find_unused)
+    return wrap_ddp(model, find_unused_parameters=find_unused)
 
 
 def _short(exc: DesyncError, shown: int = 3) -> str:
@@ -123,9 +123,9 @@ class ParamSyncCheck(ModelCheck):
                details: list[str], data: dict[str, Any]) -> Optional[Outcome]:
         """A few DDP steps on rank-dependent data; a FAIL outcome when grads or params drift."""
         shape = loaded.input_shape or ()
-        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        momentum: dict = {}  # torch.optim.SGD(lr=0.05, momentum=0.9), without importing dynamo
         for step in range(STEPS):
-            optimizer.zero_grad(set_to_none=True)
+            zero_grad(ddp.parameters())
             batch = rank_batch(shape, ctx.rank, step + 1).to(ctx.device)
             forward_loss(ddp, batch).backward()
             try:
@@ -141,7 +141,7 @@ class ParamSyncCheck(ModelCheck):
                                        "every rank (no rank-dependent in-place updates in forward)",
                                   finding="param-desync-after-step", details=details + [str(exc)],
                                   data=data)
-            optimizer.step()
+            sgd_step(ddp.parameters(), momentum, lr=0.05, momentum=0.9)
             try:
                 assert_in_sync(ddp, buffers=False)
             except DesyncError as exc:

@@ -8,7 +8,6 @@ the bad value and the fix, never a traceback.
 from __future__ import annotations
 
 import importlib
-import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
@@ -288,13 +287,9 @@ class ModelCheck(Check):
     """
 
     requires = Requirements(min_world_size=2, process_group=True)
-    slow = True  # DDP construction imports torch._dynamo (~2 s), paid once in prepare()
-
-    @classmethod
-    def prepare(cls, options: Mapping[str, Any]) -> None:
-        with warnings.catch_warnings():  # a CPU torch without numpy says so on this import
-            warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
-            import torch._dynamo  # noqa: F401 - imported before ranks fork, so every rank inherits it
+    slow = True
+    # No prepare(): importing torch._dynamo before the ranks fork cost as much as importing torch,
+    # on the critical path; the checks build the real DDP without it (checks/ddp_eager.py).
 
     def seed(self, rank: int) -> int:
         """The seed the model is built under on ``rank``."""

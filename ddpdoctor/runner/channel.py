@@ -10,18 +10,42 @@ yields a report. Every value is JSON. Keys (under a per-run prefix):
 ``dead/<rank>``       a rank's supervisor saw its worker die (how)
 ``stackreq/<rank>``, ``stack/<rank>``  a stack dump asked for, and the answer
 ``final``             the run's exit code; every supervisor exits with it
+``roll/<what>``       who did ``what`` so far: ``r,`` appended per rank (``hello``, ``dead``, ``result/<i>``),
+                      with a counter ``count/<what>`` when the reader polls before the roll exists
+
+So that the messages per rank do not grow with the world, a waiting reader polls one roll or
+counter per tick, never every rank's key. :data:`COUNTS` counts this process's store operations;
+with ``DDPDOCTOR_CHANNEL_COUNTS=DIR`` each process writes them to ``DIR/<label>.json`` at its end
+(:func:`dump_counts`): benchmarks/bench_scale.py reads them.
 """
 
 from __future__ import annotations
 
+import collections
 import datetime
 import json
+import os
 import queue
 import threading
 import time
 from typing import Any, Callable, Iterable, Optional
 
-__all__ = ["Channel", "ChannelLost", "connect_store", "host_store"]
+__all__ = ["Channel", "ChannelLost", "connect_store", "host_store", "COUNTS", "dump_counts"]
+
+COUNTS: "collections.Counter[str]" = collections.Counter()  # store operations by kind, this process
+COUNTS_ENV = "DDPDOCTOR_CHANNEL_COUNTS"
+
+
+def dump_counts(label: str) -> None:
+    """Write :data:`COUNTS` to ``$DDPDOCTOR_CHANNEL_COUNTS/<label>.json`` when that is set."""
+    folder = os.environ.get(COUNTS_ENV)
+    if not folder:
+        return
+    try:
+        with open(os.path.join(folder, f"{label}.json"), "w") as f:
+            json.dump(dict(COUNTS), f)
+    except OSError:
+        pass
 
 
 class ChannelLost(RuntimeError):
@@ -110,6 +134,7 @@ class Channel:
             threading.Thread(target=_serve_calls, args=(self._calls,), name="ddpdoctor-ctl", daemon=True).start()
 
     def _op(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        COUNTS[what] += 1
         try:
             if self._calls is None:
                 return fn(*args)
@@ -150,6 +175,26 @@ class Channel:
         self._op("delete", self.store.delete_key, key)
         return value
 
+    def enrol(self, what: str, rank: int, counted: bool = False) -> None:
+        """Add ``rank`` to the roll ``what`` (and bump its counter when ``counted``)."""
+        self._op("write", self.store.append, f"roll/{what}", f"{int(rank)},")
+        if counted:
+            self._op("write", self.store.add, f"count/{what}", 1)
+
+    def count(self, what: str) -> int:
+        """How many enrolled in ``what`` with ``counted=True`` (one message, never blocks)."""
+        return int(self._op("read", self.store.add, f"count/{what}", 0))
+
+    def open_roll(self, what: str) -> None:
+        """Create the roll ``what`` empty, before anyone can enrol (then :meth:`roll` is one message)."""
+        self._op("write", self.store.set, f"roll/{what}", "")
+
+    def roll(self, what: str) -> list[int]:
+        """The ranks enrolled in ``what`` so far, in order (one read; the roll must exist)."""
+        raw = self._op("read", self.store.get, f"roll/{what}")
+        text = raw.decode() if isinstance(raw, bytes) else str(raw)
+        return [int(x) for x in text.split(",") if x]
+
     def present(self, keys: Iterable[str]) -> list[str]:
         return [k for k in keys if self.has(k)]
 
@@ -160,6 +205,7 @@ class Channel:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
+            COUNTS["wait"] += 1
             try:
                 self.store.wait([key], datetime.timedelta(seconds=min(poll, left)))
             except Exception as exc:

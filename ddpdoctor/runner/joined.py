@@ -207,6 +207,7 @@ def _follow(channel: Channel, supervisor: Supervisor, rank: int, budget: float) 
             code = int(channel.get("final")["exit_code"])
             supervisor.wait_all(2.0)
             channel.put(f"bye/{rank}", {})
+            channel.enrol("bye", rank, counted=True)
             return code, ""
         time.sleep(0.01)
     return 1, f"ddpdoctor rank {rank}: no verdict from rank 0 within {budget:g}s; see rank 0's output"
@@ -216,9 +217,12 @@ def _wait_byes(channel: Channel, supervisor: Supervisor, ranks: Sequence[int]) -
     """Keep serving the store until every other rank has read the verdict (bounded)."""
     deadline = time.monotonic() + BYE_WAIT
     pending = {r for r in ranks if r != 0}
+    seen = 0
     while pending and time.monotonic() < deadline:
         supervisor.poll()
-        pending = {r for r in pending if not channel.has(f"bye/{r}")}
+        if channel.count("bye") > seen:  # one counter per tick, the roll only when it moved
+            seen = channel.count("bye")
+            pending -= set(channel.roll("bye"))
         time.sleep(0.01)
 
 

@@ -20,7 +20,7 @@ from ddpdoctor.dist import launcher
 from ddpdoctor.errors import UsageError
 from ddpdoctor.report.document import RunReport
 from ddpdoctor.report.progress import Progress
-from ddpdoctor.runner.channel import Channel, host_store
+from ddpdoctor.runner.channel import COUNTS, Channel, dump_counts, host_store
 from ddpdoctor.runner.lockstep import Coordinator, interrupted_results
 from ddpdoctor.runner.options import Interrupted, RunOptions, RunOutcome, terminate_as_interrupt
 from ddpdoctor.runner.registry import select_checks
@@ -106,6 +106,7 @@ def _run_local(opts: RunOptions, checks: Sequence[Check], progress: Progress) ->
 
     nproc, backend = resolve_world(opts)
     start = time.monotonic()
+    COUNTS.clear()
     probe = bind_master(opts.master_addr, opts.master_port, rank=0)
     blocked = None
     sock = probe.sock
@@ -159,6 +160,7 @@ def _run_local(opts: RunOptions, checks: Sequence[Check], progress: Progress) ->
             sock.close()
         del store
         shutil.rmtree(workdir, ignore_errors=True)
+        dump_counts("supervisor")
     return RunOutcome(report, int(report.exit_code(opts.strict)))
 
 

@@ -57,23 +57,34 @@ class Coordinator:
     hellos: dict = field(default_factory=dict)
     current: Optional[str] = None
     current_index: int = -1
+    deaths: dict = field(default_factory=dict)  # rank -> how it died (dead/<rank>), read once
+
+    # Waiting polls one counter or roll per tick (runner/channel.py), never every rank's key, so
+    # the store messages per rank do not grow with the world.
 
     def _tick(self) -> None:
         self.supervisor.poll()
         time.sleep(POLL)
 
     def _dead(self, rank: int) -> Optional[dict]:
-        key = f"dead/{rank}"
-        return self.channel.get(key) if self.channel.has(key) else None
+        return self.deaths.get(rank)
+
+    def _read_deaths(self) -> None:
+        if self.channel.count("dead") > len(self.deaths):
+            for r in self.channel.roll("dead"):
+                if r not in self.deaths:
+                    self.deaths[r] = self.channel.get(f"dead/{r}")
 
     def greet(self) -> None:
         """Wait for every rank's hello until the deadline; ranks that never arrive are remembered."""
         expected = range(self.world.world_size)
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
-            for r in expected:
-                if r not in self.hellos and self.channel.has(f"hello/{r}"):
-                    self.hellos[r] = self.channel.get(f"hello/{r}")
+            if self.channel.count("hello") > len(self.hellos):
+                for r in self.channel.roll("hello"):
+                    if r not in self.hellos and r in expected:
+                        self.hellos[r] = self.channel.get(f"hello/{r}")
+            self._read_deaths()
             if len(self.hellos) == self.world.world_size:
                 break
             if all(r in self.hellos or self._dead(r) for r in expected):
@@ -109,6 +120,7 @@ class Coordinator:
                 result = self._missing_ranks_result(check)
             else:
                 self.progress.started(check.name)
+                self.channel.open_roll(f"result/{i}")
                 self.channel.put(f"plan/{i}", {"action": "run"})
                 result, trouble = self._collect(i, check)
                 if trouble:
@@ -161,12 +173,13 @@ class Coordinator:
         started = time.monotonic()
         deadline = started + self.timeout
         while time.monotonic() < deadline:
+            reported = set(self.channel.roll(f"result/{i}"))
+            self._read_deaths()
             for r in ranks:
                 if r in got:
                     continue
-                key = f"result/{i}/{r}"
-                if self.channel.has(key):
-                    got[r] = Outcome.from_dict(self.channel.get(key))
+                if r in reported:
+                    got[r] = Outcome.from_dict(self.channel.get(f"result/{i}/{r}"))
                 else:
                     info = self._dead(r)
                     if info is None:
@@ -223,12 +236,14 @@ class Coordinator:
         rank's supervisor obeys ``halt/<rank>``; this host's act at once."""
         for r in ranks:
             self.channel.put(f"halt/{r}", {})
+            self.channel.enrol("halt", r, counted=True)
         if ranks:
             self.supervisor.poll()
 
     def _stacks(self, ranks: Sequence[int]) -> dict[int, str]:
         for r in ranks:
             self.channel.put(f"stackreq/{r}", {"why": "deadline"})
+            self.channel.enrol("stackreq", r, counted=True)
         out: dict[int, str] = {}
         deadline = time.monotonic() + STACK_WAIT
         while len(out) < len(ranks) and time.monotonic() < deadline:
@@ -258,6 +273,7 @@ class Coordinator:
             if not quiet or time.monotonic() >= deadline:
                 break
             time.sleep(POLL)
+        self._read_deaths()
         vanished = [r for r in quiet if self._dead(r) is None]
         if not vanished:
             return None

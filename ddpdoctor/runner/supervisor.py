@@ -62,6 +62,8 @@ class Supervisor:
         self.workers: list[Worker] = []
         self.channel: Optional[Channel] = None
         self.halting: dict[int, float] = {}  # rank -> when SIGTERM was sent (SIGKILL after HALT_GRACE)
+        self._stackreqs = 0  # stack requests seen on the channel (a counter: one read per poll)
+        self._halts = 0  # halts seen on the channel (a counter: one read per poll)
 
     def start(self, specs: Sequence[WorkerSpec]) -> None:
         """Fork one worker per spec. Call before this process starts any thread or store server."""
@@ -86,13 +88,17 @@ class Supervisor:
                 info = describe_exit(w.wait_status or 0, w.pid)
                 info["log"] = tail(w.spec.log_path)
                 self.channel.put(f"dead/{w.rank}", info)
-        if self.channel is not None:
+                self.channel.enrol("dead", w.rank, counted=True)
+        if self.channel is not None and self.channel.count("stackreq") > self._stackreqs:
+            self._stackreqs = self.channel.count("stackreq")
             wanted = [w for w in self.workers if self.channel.has(f"stackreq/{w.rank}")]
             if wanted:
                 for w in wanted:
                     self.channel.take(f"stackreq/{w.rank}")
                 for rank, text in self.dump_stacks([w.rank for w in wanted]).items():
                     self.channel.put(f"stack/{rank}", {"stack": text})
+        if self.channel is not None and self.channel.count("halt") > self._halts:
+            self._halts = self.channel.count("halt")
             for w in self.running():
                 if w.rank not in self.halting and self.channel.has(f"halt/{w.rank}"):
                     self.halt(w.rank)

@@ -21,7 +21,7 @@ from typing import Any, NoReturn, Sequence
 
 from ddpdoctor.check import Check, RankContext
 from ddpdoctor.result import Outcome, Status
-from ddpdoctor.runner.channel import Channel, ChannelLost, connect_store
+from ddpdoctor.runner.channel import COUNTS, Channel, ChannelLost, connect_store, dump_counts
 from ddpdoctor.runner.options import reset_signals_in_worker
 
 __all__ = ["WorkerSpec", "worker_main", "run_guarded", "raised_at", "set_parent_death_signal", "EXIT_HINT"]
@@ -161,6 +161,7 @@ def worker_main(spec: WorkerSpec) -> NoReturn:
     code = 0
     try:
         spec.open_files = _prepare(spec)  # the log and stack files must stay open
+        COUNTS.clear()  # this rank's own messages, not the supervisor's before the fork
         store = connect_store(spec.store_addr, spec.store_port, spec.timeout)
         channel = Channel(store, spec.prefix)
         ctx = RankContext(
@@ -170,6 +171,7 @@ def worker_main(spec: WorkerSpec) -> NoReturn:
             master_port=spec.master_port, mode=spec.mode,
         )
         channel.put(f"hello/{spec.rank}", _hello(spec))
+        channel.enrol("hello", spec.rank, counted=True)
         for i, check in enumerate(spec.checks):
             directive = channel.wait(f"plan/{i}", timeout=float("inf"))
             if directive["action"] == "stop":
@@ -178,6 +180,7 @@ def worker_main(spec: WorkerSpec) -> NoReturn:
                 continue
             outcome = run_guarded(check, ctx)
             channel.put(f"result/{i}/{spec.rank}", outcome.to_dict())
+            channel.enrol(f"result/{i}", spec.rank)
         channel.wait(f"plan/{len(spec.checks)}", timeout=float("inf"))
     except ChannelLost as exc:
         print(f"rank {spec.rank}: {exc}", file=sys.stderr)
@@ -187,6 +190,7 @@ def worker_main(spec: WorkerSpec) -> NoReturn:
         code = 3
     finally:
         try:
+            dump_counts(f"rank{spec.rank}")
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
