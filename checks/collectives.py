@@ -188,10 +188,10 @@ class CollectivesCheck(Check):
 
     def _correctness(self, ctx: RankContext, group: Group, cases: Sequence[tuple[str, str, int]],
                      found: dict) -> None:
-        for op, dtype, count in cases:
+        for op, dtype, elements in cases:
             reason = support(ctx.backend, op, dtype, group.n)
             if reason is None:
-                step = build_step(op, dtype, count, group, ctx.device)
+                step = build_step(op, dtype, elements, group, ctx.device)
                 try:
                     self.collective(ctx, step)
                 except (RuntimeError, ValueError) as exc:
@@ -208,7 +208,7 @@ class CollectivesCheck(Check):
             found["checked"] += 1
             if bad is not None:
                 found["wrong"].append({"seq": self._seq, "label": step.label, "group": group.label, "op": op,
-                                       "dtype": dtype, "count": count, **bad})
+                                       "dtype": dtype, "count": elements, **bad})
 
     def _node_groups(self, ctx: RankContext, found: dict) -> list[Group]:
         """This rank's intra-node and inter-node groups (created on every rank in the same order).
@@ -376,7 +376,7 @@ class CollectivesBenchCheck(CollectivesCheck):
         found["checked"] += 1
         if bad is not None:
             found["wrong"].append({"seq": self._seq, "label": step.label, "group": "world", "op": op,
-                                   "dtype": dtype, "count": count, **bad})
+                                   "dtype": dtype, "count": elements, **bad})
         t = time_step(step, iters, warmup, lambda s: self.arrive(ctx, s), ctx.device)
         found["timings"].append({"op": op, "family": OPS[op], "dtype": dtype, "count": count,
                                  "size": step.size_bytes, "elements": step.size_bytes // step.element_size,

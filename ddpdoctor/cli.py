@@ -226,7 +226,7 @@ def check(nproc: Optional[int], backend: Optional[str], master_addr: str, master
         raise_pending()
         from ddpdoctor.report.terminal import Style, TerminalProgress
         from ddpdoctor.runner.local import run_checks
-        from ddpdoctor.runner.options import RunOptions, RunOutcome
+        from ddpdoctor.runner.options import RunOptions
         from ddpdoctor.runner.registry import all_checks, select_checks
 
         _quiet_logs()

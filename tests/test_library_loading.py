@@ -74,7 +74,7 @@ def test_unreadable_files_name_the_file_the_rank_and_the_fix(tmp_path):
             with pytest.raises(CheckpointError) as info:
                 load_checkpoint(path, weights_only=weights_only)
             assert info.value.reference == "checkpoint-corrupt", info.value.one_line()
-            assert info.value.message.startswith(f"rank 0 could not ") and repr(str(path)) in info.value.message
+            assert info.value.message.startswith("rank 0 could not ") and repr(str(path)) in info.value.message
             assert "written completely" in info.value.hint
     with pytest.raises(CheckpointError) as info:
         load_checkpoint(tmp_path)

@@ -72,7 +72,6 @@ def read_input(text: Sequence[str], log_path: Optional[str]) -> Source:
     Raises:
         UsageError: nothing to read, both TEXT and --log given, a path that cannot be read, stdin closed.
     """
-    import sys
 
     if log_path and text:
         raise UsageError("explain-input", "give either TEXT or --log FILE, not both", "drop one of them")
