@@ -26,21 +26,26 @@ class Match:
     evidence: str = ""
     count: int = 0
     extra: str = ""
+    groups: dict = field(default_factory=dict)  # the first match's named groups: fill ``{name}`` in the text
 
     def to_dict(self) -> dict:
         return {"id": self.cause.id, "title": self.cause.title, "ranks": sorted(self.ranks),
                 "evidence": self.evidence, "count": self.count, "meaning": self.meaning,
-                "confirm": self.cause.confirm, "fix": self.fix}
+                "confirm": self.confirm, "fix": self.fix}
 
     @property
     def meaning(self) -> str:
-        return self.cause.meaning + (f" {self.extra}" if self.extra else "")
+        return _fill(self.cause.meaning, self.groups) + (f" {self.extra}" if self.extra else "")
 
     @property
     def fix(self) -> str:
         if self.cause.id == "killed-by-signal" and self.extra:
             return self._signal_fix()
-        return self.cause.fix
+        return _fill(self.cause.fix, self.groups)
+
+    @property
+    def confirm(self) -> str:
+        return _fill(self.cause.confirm, self.groups)
 
     def _signal_fix(self) -> str:
         name = self.extra.split()[0].rstrip(".") if self.extra else ""
@@ -48,6 +53,14 @@ class Match:
             return signal_hint(int(signal.Signals[name]))
         except KeyError:
             return signal_hint(-1)
+
+
+
+def _fill(text: str, groups: dict) -> str:
+    """``{name}`` in a catalogue text replaced by the named group of the same name (unknown names stay)."""
+    if not groups or "{" not in text:
+        return text
+    return re.sub(r"\{(\w+)\}", lambda m: str(groups.get(m.group(1), m.group(0))), text)
 
 
 
@@ -75,14 +88,42 @@ _SUMMARY_END = re.compile(r"^\s*(\[\d+\]:|Root Cause|Other Failures|=+\s*$)")
 
 
 
+_SPAWN_BLOCK = re.compile(r"^-- Process (\d+) terminated with the following error:")
+
+
+
+_SPAWN_EXITED = re.compile(r"ProcessExitedException: process (\d+) terminated with (?:exit code (-?\d+)|signal (\w+))")
+
+
+
 def ranks_of_lines(lines: Sequence[str]) -> list:
-    """The rank each line came from (``None`` when it does not say), using prefixes and summaries."""
+    """The rank each line came from (``None`` when it does not say), using prefixes and summaries.
+
+    ``mp.spawn``'s report (``-- Process 1 terminated with the following error:`` and the child's
+    traceback after it, up to its exception line) belongs to that process index.
+    """
     ranks: list = []
     summary_rank: Optional[int] = None
+    spawn_rank: Optional[int] = None
     for line in lines:
         m = _PREFIX.match(line)
         if m:
             ranks.append(int(m.group(1)))
+            continue
+        sp = _SPAWN_BLOCK.match(line)
+        if sp:
+            spawn_rank = int(sp.group(1))
+            ranks.append(spawn_rank)
+            continue
+        if spawn_rank is not None:
+            ranks.append(spawn_rank)
+            if line and not line[0].isspace() and not line.startswith(("Traceback", "The above exception",
+                                                                          "During handling")):
+                spawn_rank = None  # the child's exception line ends its traceback
+            continue
+        ex = _SPAWN_EXITED.search(line)
+        if ex:
+            ranks.append(int(ex.group(1)))
             continue
         s = _SUMMARY_RANK.match(line)
         if s:
@@ -133,6 +174,7 @@ def explain_text(text: str, causes: Iterable[Cause] = CAUSES) -> list:
         match.count += 1
         if not match.evidence:
             match.evidence = _PREFIX.sub("", line).strip()[:240]
+            match.groups = {k: v for k, v in m.groupdict().items() if v is not None}
         if rank is not None:
             match.ranks.add(rank)
         if cause.id == "killed-by-signal" and not match.extra:
@@ -163,15 +205,44 @@ _TB_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func
 
 
 
-def first_failure(text: str) -> Optional[str]:
-    """torchrun's root cause in one line: ``rank 1 exited with code 1: RuntimeError: boom (train.py:22)``.
+def _spawn_failure(lines: Sequence[str]) -> Optional[str]:
+    """``mp.spawn``'s report in one line: ``process 1 of mp.spawn raised RuntimeError: boom at train
+    (proj/train.py:22)``, ``... exited with code 3`` or ``... was killed by SIGKILL``."""
+    for i, line in enumerate(lines):
+        ex = _SPAWN_EXITED.search(line)
+        if ex:
+            who = f"process {ex.group(1)} of mp.spawn"
+            return f"{who} was killed by {ex.group(3)}" if ex.group(3) else f"{who} exited with code {ex.group(2)}"
+        sp = _SPAWN_BLOCK.match(line)
+        if not sp:
+            continue
+        exc, where = "", ""
+        for body in lines[i + 1:]:
+            f = _TB_FRAME.search(body)
+            if f:
+                if "/site-packages/" not in f.group("file") and "/lib/python" not in f.group("file"):
+                    where = f"{f.group('func')} ({'/'.join(f.group('file').split('/')[-2:])}:{f.group('line')})"
+                continue
+            if body and not body[0].isspace() and not body.startswith(("Traceback", "The above exception",
+                                                                         "During handling")):
+                exc = body.strip() if len(body.strip()) <= 160 else body.strip()[:157] + "..."
+                break
+        out = f"process {sp.group(1)} of mp.spawn raised" + (f" {exc}" if exc else " an exception")
+        return out + (f" at {where}" if where else "")
+    return None
 
-    Returns None when the text has no torchrun failure summary.
+
+
+def first_failure(text: str) -> Optional[str]:
+    """The launcher's root cause in one line: torchrun's ``rank 1 exited with code 1: RuntimeError: boom
+    (train.py:22)``, or mp.spawn's ``process 1 of mp.spawn raised RuntimeError: boom at train (train.py:22)``.
+
+    Returns None when the text has no torchrun failure summary and no mp.spawn report.
     """
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if _ROOT.search(line)), None)
     if start is None:
-        return None
+        return _spawn_failure(lines)
     rank = code = None
     for line in lines[start:start + 12]:
         r, c = _SUMMARY_RANK.match(line), _EXITCODE.match(line)
