@@ -187,7 +187,10 @@ def test_ddp_rank_skipping_a_step_is_the_odd_one_out(cli_env, tmp_path):
     odd = [line for line in lines if "<- the odd one out" in line]
     assert odd == [f"  rank 1:    barrier, called from train ({name}:{mark_line(DDP_SKIP, 'ddp_barrier')})"
                    "   <- the odd one out"], p.stderr[-3000:]
-    assert any(line.startswith("  ranks 0,2: DDP ") for line in lines), p.stderr[-3000:]
+    # ranks 0 and 2 wait in DDP's own communication (forward buffer broadcast or backward all_reduce;
+    # which one depends on how gloo paired the step-shifted collectives)
+    ddp = [line for line in lines if line.startswith(("  rank 0:", "  rank 2:", "  ranks 0,2:"))]
+    assert ddp and all(": DDP " in line for line in ddp), p.stderr[-3000:]
     assert_nothing_left(run_dir)
 
 

@@ -23,6 +23,8 @@ class Cause:
         meaning: what the message means (and what it usually is not).
         confirm: the ddpdoctor command (or variable) that confirms it.
         fix: the imperative fix.
+        from_ranks: match only lines that came from a rank's own process (a ``[rankN]:`` prefix, an
+            ``mp.spawn`` report), i.e. from the training program rather than its launcher.
     """
 
     id: str
@@ -31,6 +33,7 @@ class Cause:
     meaning: str
     confirm: str
     fix: str
+    from_ranks: bool = False
 
     def compiled(self) -> list:
         return [re.compile(p) for p in self.patterns]
@@ -39,7 +42,8 @@ class Cause:
 
 CAUSES: tuple = (
     # --- Real training programs (issue 14): mp.spawn tutorials, torch.distributed.launch, DDP on CPU.
-    # Kept together and first: port-in-use-in-code must win over port-in-use on the same line.
+    # Kept together and first: port-in-use-in-code must win over port-in-use on the same line (it matches
+    # only the program's own lines: a rank's, e.g. inside mp.spawn's report; the launcher's stay port-in-use).
     # ``{name}`` in meaning/fix is filled from the pattern's named group of the same name.
     Cause("port-in-use-in-code", "address already in use (the port the program chose)",
           (r"failed to listen on any local network address\. port: (?P<port>\d+),.*EADDRINUSE",
@@ -50,7 +54,8 @@ CAUSES: tuple = (
           "init_method='tcp://...:{port}'), so an exported MASTER_PORT does not change it.",
           "ddpdoctor check --only port --master-port {port} (names the process holding it)",
           "if the program sets port {port} in code, change it there, or read it from the environment "
-          "(os.environ.setdefault('MASTER_PORT', ...)) and pass a free one; or stop the process holding {port}"),
+          "(os.environ.setdefault('MASTER_PORT', ...)) and pass a free one; or stop the process holding {port}",
+          from_ranks=True),
     Cause("ddp-syncbn-cpu", "SyncBatchNorm in a CPU model given to DDP",
           (r"SyncBatchNorm layers only work with GPU modules",),
           "DistributedDataParallel was given a model with SyncBatchNorm layers (usually from "

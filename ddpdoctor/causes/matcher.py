@@ -147,9 +147,11 @@ def _signal_name(m: re.Match) -> str:
 
 
 
-def _first_hit(line: str, table: list):
+def _first_hit(line: str, table: list, rank: Optional[int] = None):
     """The first cause (in table order) whose regex matches ``line``, with the regex match."""
     for cause, regexes in table:
+        if cause.from_ranks and rank is None:
+            continue
         for rx in regexes:
             m = rx.search(line)
             if m and not (cause.id == "killed-by-signal" and _signal_name(m) in _STOP_SIGNALS):
@@ -167,7 +169,7 @@ def explain_text(text: str, causes: Iterable[Cause] = CAUSES) -> list:
     found: dict = {}
     table = [(c, c.compiled()) for c in causes]
     for line, rank in zip(lines, ranks_of_lines(lines)):
-        cause, m = _first_hit(line, table)
+        cause, m = _first_hit(line, table, rank)
         if cause is None:
             continue
         match = found.setdefault(cause.id, Match(cause))

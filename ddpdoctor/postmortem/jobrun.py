@@ -24,7 +24,9 @@ Ranks are the processes the hook registers: those with ``RANK`` (torchrun, srun,
 ``torch.distributed.launch``) and the ``multiprocessing`` children of the launched command
 (``mp.spawn``), named by their process-group rank (or ``mp.spawn``'s index before
 ``init_process_group``). Progress, per rank: its main thread moved since the last look, its CPU time
-grew (it and its children: DataLoader workers), it read or wrote bytes (a rank reading a slow file is
+grew (it and its children: DataLoader workers; at least ``CPU_MIN_S`` and 1% of a core since the last
+credited growth, so a busy rank on a crowded machine counts and a waiting one does not), it read or
+wrote bytes (a rank reading a slow file is
 busy, not hung), or the job wrote output. The launcher and ``mp.spawn``'s parent only wait, so they are
 watched only while no rank is alive. Hung: no rank made progress for ``hang_timeout`` seconds.
 
@@ -59,7 +61,9 @@ from ddpdoctor.exitcodes import ExitCode
 __all__ = ["RunSpec", "run_job", "job_env", "default_runs_root", "RAW_LOG", "DEATH_GRACE"]
 
 POLL = 0.2
-CPU_BUSY = 0.05  # core-seconds per second (5% of a core) that count as progress; a waiting rank uses ~0
+CPU_BUSY = 0.01  # CPU growth (core-seconds per second, since the last credited growth) that counts as progress
+CPU_MIN_S = 0.03  # ... and at least this many CPU seconds: a rank waiting in a collective uses ~0, while a
+#                   busy rank on a crowded machine (a fraction of a core) still adds this in well under a second
 DEATH_GRACE = 5.0  # seconds the others may sit idle after a rank died before the verdict (capped by hang_timeout)
 RAW_LOG = "output.raw.log"  # the job's bytes as written, unredacted: mode 0600
 _OWN_FILES = ("proc-*.json", "beat-*", "stacks-*.txt", "exit-*.json", ".proc-*", ".exit-*", RAW_LOG, "stacks.txt",
@@ -315,7 +319,8 @@ class _Proc:
     beat_file: str
     info: dict
     beat: bytes = b""
-    cpu: float = 0.0
+    cpu: float = 0.0  # CPU seconds when growth was last credited as progress
+    cpu_at: float = 0.0  # ... and when (monotonic)
     io: int = 0
     alive: bool = True
     end: Optional[dict] = None  # the hook's exit record (None: ended by a signal or os._exit)
@@ -375,6 +380,7 @@ class _Watch:
             role = info.get("role") or ("rank" if rank is not None else "top")
             p = _Proc(pid, role, rank, index, info["beat_file"], info)
             p.cpu, p.io = _usage(pid)
+            p.cpu_at = time.monotonic()
             self.procs[pid] = p
 
     def ranks(self) -> list:
@@ -402,9 +408,13 @@ class _Watch:
             except OSError:
                 beat = p.beat
             cpu, io = _usage(p.pid)
-            if beat != p.beat or (cpu - p.cpu) > CPU_BUSY * max(dt, POLL) or io != p.io:
+            now = time.monotonic()
+            busy = cpu - p.cpu >= max(CPU_MIN_S, CPU_BUSY * (now - p.cpu_at))
+            if beat != p.beat or busy or io != p.io:
                 moved = True
-            p.beat, p.cpu, p.io = beat, cpu, io
+            if busy:
+                p.cpu, p.cpu_at = cpu, now
+            p.beat, p.io = beat, io
         for p in self.ranks():  # ranks that ended while not watched (none are, while one lives)
             if p.alive and not _running(p.pid):
                 self._ended(p)
@@ -578,8 +588,9 @@ def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: st
         lines += ["  " + line for line in render_groups(readings)]
     for p in watch.deaths:
         if p is not dead:
-            lines.append(f"  {p.label} (pid {p.pid}) {p.death()}" +
-                         (" after the first failure (most likely stopped by the launcher)" if dead else ""))
+            lines.append(f"  {p.label} (pid {p.pid}) {p.death()}" + (
+                (" after the first failure (most likely stopped by the launcher)" if p.end is None else
+                 " after the first failure") if dead else ""))
     launcher = _launcher_summary(text)
     if launcher and kind != "hung":
         lines.append(f"  the launcher's traceback above ({launcher}) is its report of that failure, not another "

@@ -407,8 +407,12 @@ def describe_place(stack: str) -> str:
 
 
 def _collective(readings: Sequence[StackReading]) -> Optional[str]:
+    """The collective family the group's ranks are in: DDP's forward, backward and constructor are one
+    family (ranks a step apart in one DDP loop pair their collectives with each other's), a
+    ``torch.distributed`` call is its own."""
     kinds = [collective_of(r.stack) for r in readings if r.stack]
-    return next((k for k in kinds if k), None)
+    kind = next((k for k in kinds if k), None)
+    return "DDP" if kind and kind.startswith("DDP") else kind
 
 
 def odd_ones_out(groups: Sequence) -> list:
