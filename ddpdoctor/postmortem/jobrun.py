@@ -342,7 +342,7 @@ class _Proc:
         """How this ended process failed, in words; None for a normal exit (code 0)."""
         e = self.end
         if e is None:
-            return "ended without a Python exit (killed by a signal, or os._exit)"
+            return "ended without a Python exit (killed by a signal)"
         if e.get("how") == "raised":
             return f"raised {e.get('exception', '')}" + (f" at {e['where']}" if e.get("where") else "")
         code = e.get("code")
@@ -410,7 +410,9 @@ class _Watch:
             cpu, io = _usage(p.pid)
             now = time.monotonic()
             busy = cpu - p.cpu >= max(CPU_MIN_S, CPU_BUSY * (now - p.cpu_at))
-            if beat != p.beat or busy or io != p.io:
+            # past its atexit (the exit record is written): the interpreter is tearing down, not hung
+            exiting = os.path.exists(os.path.join(self.run_dir, f"exit-{p.pid}.json"))
+            if beat != p.beat or busy or io != p.io or exiting:
                 moved = True
             if busy:
                 p.cpu, p.cpu_at = cpu, now
@@ -433,13 +435,23 @@ class _Watch:
         (self.deaths if p.death() else self.exits).append(p)
 
     def first_death(self) -> Optional[_Proc]:
-        """The rank that failed first: by time seen, a rank that raised or exited non-zero before one
-        that vanished (the launcher's SIGTERM to the others comes after the real failure)."""
+        """The rank that failed first: among the deaths seen in the first poll window, the earliest by
+        the time its hook wrote (a peer's "connection closed" comes after the real failure); a rank
+        that vanished (a signal: often the launcher's SIGTERM to the others) only when none recorded."""
         if not self.deaths:
             return None
         t0 = self.deaths[0].ended_at
-        same = [p for p in self.deaths if p.ended_at - t0 < 2 * POLL + 0.5]
-        return min(same, key=lambda p: (p.end is None, same.index(p)))
+        same = [p for p in self.deaths if p.ended_at - t0 < 2 * POLL + 1.0]
+        return min(same, key=lambda p: (_consequence(p), p.end is None, (p.end or {}).get("t", float("inf")),
+                                        same.index(p)))
+
+
+def _consequence(p: _Proc) -> bool:
+    """A rank that raised because a peer went away ("Connection closed by peer"): a victim, not the cause."""
+    from ddpdoctor.causes.matcher import explain_text
+
+    text = (p.end or {}).get("exception", "")
+    return bool(text) and any(m.cause.id == "peer-closed" for m in explain_text(text))
 
 
 def _usage(pid: int) -> tuple:
@@ -731,7 +743,7 @@ def run_job(spec: RunSpec) -> int:
     if verdict_kind is None and not forwarded and (code != 0 or watch.deaths):
         head = f"the job failed (exit {code})" if code != 0 else "the job exited 0, but a rank failed"
         _say(spec, _verdict(spec, run_dir, watch, "failed", head, snapshot, code))
-        return code if code != 0 else 1
+        return code
     if verdict_kind is None and not forwarded and code == 0:
         n = len(watch.ranks())
         who = f"{n} rank{'s' if n != 1 else ''}" if n else "1 process"

@@ -475,7 +475,8 @@ def render_groups(readings: Sequence[StackReading]) -> list:
         lines.append("py-spy could not be used here (" + notes[0][:120] + "); fell back to the handler")
     for r in readings:
         if r.method == "none":
-            lines.append(f"{r.proc.label} (pid {r.proc.pid}): no stack: {r.error}")
+            who = r.proc.label if r.proc.label.startswith("pid ") else f"{r.proc.label} (pid {r.proc.pid})"
+            lines.append(f"{who}: no stack: {r.error}")
     return lines
 
 

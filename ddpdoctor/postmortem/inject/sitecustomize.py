@@ -24,7 +24,7 @@ In each registered process it:
   (the cheap progress signal the supervisor watches), and fills in the rank number when it learns it;
 * writes ``proc-<pid>.json`` (pid, role, rank, argv, ...) so the supervisor finds it, and
   ``exit-<pid>.json`` when it ends through Python (an uncaught exception with its line, ``sys.exit``'s
-  code, or a normal end): a rank with no exit record ended by a signal or ``os._exit``.
+  or ``os._exit``'s code, or a normal end): a rank with no exit record was ended by a signal.
 
 Then it imports the ``sitecustomize`` that was next on the path, if any. It imports nothing from
 torch or ddpdoctor, and never raises: a failure here must not break the user's job.
@@ -161,7 +161,9 @@ def _ddpdoctor_install(role):
             return
         _ddpdoctor_state["exit"] = True
         try:
-            _ddpdoctor_write_json(f"exit-{pid}.json", {"pid": pid, "how": how, **extra})
+            import time
+
+            _ddpdoctor_write_json(f"exit-{pid}.json", {"pid": pid, "how": how, "t": time.time(), **extra})
         except Exception:  # noqa: BLE001
             pass
 
@@ -189,6 +191,14 @@ def _ddpdoctor_install(role):
         real_exit(code)
 
     sys.exit = exit
+    real_os_exit = os._exit
+
+    def os_exit(code):  # multiprocessing's fork children end here; so do jobs that skip interpreter exit
+        if os.getpid() == pid:
+            ended("exit", code=code, via="os._exit")
+        real_os_exit(code)
+
+    os._exit = os_exit
 
     def finish():
         if os.getpid() != pid:
