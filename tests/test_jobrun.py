@@ -290,7 +290,7 @@ def test_stack_signal_racing_a_normal_exit_never_kills(cli_env, tmp_path):
     inject = os.path.join(os.path.dirname(ddpdoctor.__file__), "postmortem", "inject")
     script = tmp_path / "exiting.py"
     script.write_text(EXITING)
-    for attempt in range(10):
+    for attempt in range(20):
         run_dir = tmp_path / f"r{attempt}"
         run_dir.mkdir()
         env = {**cli_env, "PYTHONPATH": inject, "DDPDOCTOR_RUN_DIR": str(run_dir), "DDPDOCTOR_RUN_PID": str(os.getpid()),

@@ -16,9 +16,9 @@ In each registered process it:
 
 * registers :mod:`faulthandler` on ``DDPDOCTOR_STACK_SIGNAL`` (SIGUSR2 by default) to append the
   stacks of all threads to ``$DDPDOCTOR_RUN_DIR/stacks-<pid>.txt`` when asked, *before* it announces
-  itself (so no signal can arrive before the handler); at exit (atexit, before the interpreter
-  finalizes and would restore the default action) the signal is set to *ignored*, so a stack request
-  racing with a normal exit can never kill the process;
+  itself (so no signal is sent before the handler exists); the action it replaces is *ignore* (set
+  just before), so when faulthandler lets go (our atexit, or the interpreter's finalization) the
+  signal is ignored, never fatal: a stack request racing with a normal exit cannot kill the process;
 * starts one daemon thread that looks at the main thread's innermost frames every
   ``DDPDOCTOR_BEAT_S`` seconds (1 by default) and bumps a counter in ``beat-<pid>`` when they moved
   (the cheap progress signal the supervisor watches), and fills in the rank number when it learns it;
@@ -124,6 +124,10 @@ def _ddpdoctor_install(role):
     fd = os.open(stack_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW,
                  0o600)
     stack_file = os.fdopen(fd, "a")
+    # Ignored first, so that what faulthandler saves as the "previous" action, and restores whenever it
+    # lets go (our atexit, or the interpreter's finalization), is "ignore", never the default "terminate":
+    # there is no instant at which a stack request could kill this process.
+    signal.signal(signum, signal.SIG_IGN)
     faulthandler.register(signum, file=stack_file, all_threads=True, chain=False)
     beat_path = os.path.join(run_dir, f"beat-{pid}")
     beat_fd = os.open(beat_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
@@ -206,8 +210,7 @@ def _ddpdoctor_install(role):
         # First make a stack request harmless: the interpreter is about to restore SIGUSR2's default
         # action (terminate) when it finalizes faulthandler; ignored stays ignored.
         try:
-            faulthandler.unregister(signum)
-            signal.signal(signum, signal.SIG_IGN)
+            faulthandler.unregister(signum)  # restores "ignore" (see install) in one sigaction
         except (ValueError, OSError, RuntimeError):
             pass
         stop.set()
