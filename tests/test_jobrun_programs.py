@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -78,7 +79,7 @@ def test_mp_spawn_quiet_epoch_longer_than_the_hang_timeout_is_not_a_hang(cli_env
     assert "rank 0 done 16" in p.stdout and "rank 1 done 16" in p.stdout
     assert "ddpdoctor run: 2 ranks, exit 0 in " in p.stderr and ", no hang, no rank died" in p.stderr
     assert "hung" not in p.stderr
-    records = [json.loads(open(f).read()) for f in glob.glob(str(run_dir / "proc-*.json"))]
+    records = [json.loads(Path(f).read_text()) for f in glob.glob(str(run_dir / "proc-*.json"))]
     assert sorted(r["rank"] for r in records if r["role"] == "spawn") == [0, 1]  # named by rank, not by pid
     assert_never_signalled(run_dir)
 
@@ -210,7 +211,7 @@ def test_stacks_descends_from_the_mp_spawn_parent(cli_env, tmp_path):
         deadline = time.monotonic() + 200
         out = ""
         while time.monotonic() < deadline:
-            records = [json.loads(open(f).read()) for f in glob.glob(str(run_dir / "proc-*.json"))]
+            records = [json.loads(Path(f).read_text()) for f in glob.glob(str(run_dir / "proc-*.json"))]
             top = [r for r in records if r["role"] == "top"]
             ranks = [r for r in records if r["role"] == "spawn" and r.get("rank") is not None]
             if top and len(ranks) == 3:
