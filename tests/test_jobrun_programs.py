@@ -252,13 +252,16 @@ def main(rank, world_size, port, what):
     if what == "syncbn":
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(
             torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3)))
-        torch.nn.parallel.DistributedDataParallel(model)
+        torch.nn.parallel.DistributedDataParallel(model)  # MARK:messages_ddp
     elif what == "uneven":  # an uneven last batch gathered as is
         t = torch.ones(4 if rank == 0 else 3)
         dist.all_gather([torch.empty_like(t) for _ in range(world_size)], t)
-    elif what == "mixed":  # the output list sized for rank 0's batch
-        t = torch.ones(4 if rank == 0 else 3)
-        dist.all_gather([torch.empty(4) for _ in range(world_size)], t)
+    elif what == "mixed":  # rank 1 sizes the output list for rank 0's batch (gloo refuses locally)
+        if rank == 1:
+            dist.all_gather([torch.empty(4) for _ in range(world_size)], torch.ones(3))
+        import time
+        time.sleep(3)  # rank 0: fails later (its peer is gone), so mp.spawn reports rank 1 first
+        dist.barrier()
     dist.destroy_process_group()
 
 
@@ -283,7 +286,7 @@ def test_messages_of_real_cpu_jobs_are_explained(cli_env, tmp_path):
     ids = {m.cause.id: m for m in explain_text(log)}
     assert "ddp-syncbn-cpu" in ids, log[-2000:]
     assert first_failure(log).endswith("raised ValueError: SyncBatchNorm layers only work with GPU modules at main "
-                                       f"({short(str(tmp_path / 'messages.py'))}:11)")
+                                       f"({short(str(tmp_path / 'messages.py'))}:{mark_line(MESSAGES, 'messages_ddp')})")
 
     log = _messages(tmp_path, cli_env, "mixed")
     ids = {m.cause.id: m for m in explain_text(log)}
