@@ -168,7 +168,7 @@ def test_launch_script_without_local_rank_is_explained(cli_env, tmp_path):
     p, run_dir = ddprun(tmp_path, _env(cli_env, tmp_path), job, hang=30)
     assert p.returncode != 0, p.stderr[-3000:]
     assert "unrecognized arguments: --local-rank=" in p.stderr
-    assert "launch-local-rank-arg: script not ready for torch.distributed.launch" in p.stderr
+    assert "launcher-local-rank-arg: the launcher passes --local-rank, the script does not accept it" in p.stderr
     assert "parser.add_argument('--local-rank', '--local_rank'" in p.stderr
     assert "hung" not in p.stderr
     assert (run_dir / "verdict.txt").exists()
