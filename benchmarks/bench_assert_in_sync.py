@@ -1,10 +1,14 @@
-"""Benchmark: assert_in_sync on a ~100M-parameter model, 2 CPU ranks over gloo.
+"""Benchmark: assert_in_sync on a ~100M-parameter model, 2 CPU ranks over gloo, fp32 and bf16.
 
-Prints two figures:
+Prints, for the model in float32 and in bfloat16:
 
-* time ratio: one ``assert_in_sync(model)`` over one local pass over the parameters (summing them
-  all), both measured on every rank at the same time, best of ``--repeat`` interleaved runs, one
-  thread per rank (target: at most 3x);
+* the floor: one ``sum`` over a flat buffer holding the same bytes in the same dtype (one read of
+  the model's bytes), and the ratio to it of fingerprinting every tensor (local, no communication)
+  and of one whole ``assert_in_sync(model)``; medians of ``--repeat`` interleaved runs, measured on
+  every rank at the same time, one thread per rank (target: at most 3x);
+* the largest single allocation made while fingerprinting, measured with PyTorch's profiler
+  (``profile_memory=True``: every CPU allocation of every op), against the chunk bound
+  (``CHUNK_BYTES``, 4 MiB; target: at most the chunk whatever the tensor size);
 * bytes exchanged per rank by ``assert_in_sync``, for this model and for a model with the same
   tensors but ~50x fewer parameters (target: proportional to the number of tensors).
 
@@ -18,6 +22,8 @@ import argparse
 import datetime
 import os
 import pickle
+import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -25,7 +31,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from ddpdoctor.diagnostics.desync import _fingerprint_tensor, assert_in_sync
+from ddpdoctor.diagnostics.desync import assert_in_sync
+from ddpdoctor.diagnostics.fingerprint import CHUNK_BYTES, fingerprint_tensor
 
 
 def build(layers: int, width: int) -> torch.nn.Module:
@@ -61,14 +68,36 @@ class Tally:
             setattr(dist, name, orig)
 
 
-def best_of(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        dist.barrier()
-        start = time.perf_counter()
+def timed(fn) -> float:
+    dist.barrier()
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def largest_allocation(fn) -> int:
+    """The largest single CPU allocation any op makes while ``fn`` runs (PyTorch's profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return max((e.cpu_memory_usage for e in prof.events()), default=0)
+
+
+def measure(model: torch.nn.Module, repeat: int) -> dict:
+    """Floor, fingerprinting and assert_in_sync on this rank, interleaved; medians in seconds."""
+    tensors = list(model.parameters()) + list(model.buffers())
+    flat = torch.cat([t.detach().reshape(-1) for t in model.parameters()])  # same bytes, same dtype
+    assert_in_sync(model)  # warm-up: weight and key tables, gloo connections
+    runs: dict = {"floor": [], "hashing": [], "check": []}
+    for _ in range(repeat):  # interleaved, so that all three see the same machine load
+        runs["floor"].append(timed(lambda: flat.sum()))
+        runs["hashing"].append(timed(lambda: [fingerprint_tensor(t) for t in tensors]))
+        runs["check"].append(timed(lambda: assert_in_sync(model)))
+    out = {k: statistics.median(v) for k, v in runs.items()}
+    out["largest"] = largest_allocation(lambda: [fingerprint_tensor(t) for t in tensors])
+    out["largest_floor"] = largest_allocation(lambda: flat.sum())
+    return out
 
 
 def rank_main(rank: int, world: int, store_path: str, big: torch.nn.Module, small: torch.nn.Module,
@@ -76,21 +105,16 @@ def rank_main(rank: int, world: int, store_path: str, big: torch.nn.Module, smal
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=600))
-    params = list(big.parameters())
-    assert_in_sync(big)  # warm-up: weight tables, gloo connections
-    tensors = params + list(big.buffers())
-    local = check = hashing = float("inf")
-    for _ in range(repeat):  # interleaved, so that all three see the same machine load
-        local = min(local, best_of(lambda: [p.detach().sum() for p in params], 1))
-        check = min(check, best_of(lambda: assert_in_sync(big), 1))
-        hashing = min(hashing, best_of(lambda: [_fingerprint_tensor(t) for t in tensors], 1))
+    result = {"fp32": measure(big, repeat)}
+    result["bf16"] = measure(big.to(torch.bfloat16), repeat)
+    big.float()
     with Tally() as tally_big:
         assert_in_sync(big)
     with Tally() as tally_small:
         assert_in_sync(small)
     dist.destroy_process_group()
-    return {"local": local, "check": check, "hashing": hashing, "bytes_big": tally_big.bytes, "calls_big": tally_big.calls,
-            "bytes_small": tally_small.bytes}
+    result.update({"bytes_big": tally_big.bytes, "calls_big": tally_big.calls, "bytes_small": tally_small.bytes})
+    return result
 
 
 def main() -> None:
@@ -104,7 +128,8 @@ def main() -> None:
     n_params = sum(p.numel() for p in big.parameters())
     n_small = sum(p.numel() for p in small.parameters())
     n_tensors = sum(1 for _ in big.parameters()) + sum(1 for _ in big.buffers())
-    store_path = os.path.join(tempfile.mkdtemp(prefix="ddpdoctor-bench-"), "store")
+    store_dir = tempfile.mkdtemp(prefix="ddpdoctor-bench-")
+    store_path = os.path.join(store_dir, "store")
     children = []
     for rank in range(world):
         r, w = os.pipe()
@@ -127,20 +152,27 @@ def main() -> None:
         with os.fdopen(r, "rb") as f:
             results.append(pickle.loads(f.read()))
         os.waitpid(pid, 0)
+    shutil.rmtree(store_dir, ignore_errors=True)
     for rank, res in enumerate(results):
         if "error" in res:
             sys.exit(f"rank {rank} failed: {res['error']}")
-    local = max(r["local"] for r in results)
-    check = max(r["check"] for r in results)
-    hashing = max(r["hashing"] for r in results)
     r0 = results[0]
     print(f"model: {n_params / 1e6:.1f}M parameters in {n_tensors} tensors "
-          f"({n_params * 4 / 1e6:.0f} MB fp32 per rank), {world} CPU ranks, gloo")
-    print(f"local pass (sum of every parameter): {local * 1e3:.1f} ms")
-    print(f"assert_in_sync(model):               {check * 1e3:.1f} ms")
-    print(f"  of which fingerprinting (no communication): {hashing * 1e3:.1f} ms "
-          f"({hashing / local:.2f}x the local pass)")
-    print(f"time ratio: {check / local:.2f}x (target <= 3x)")
+          f"({n_params * 4 / 1e6:.0f} MB fp32, {n_params * 2 / 1e6:.0f} MB bf16 per rank), {world} CPU ranks, "
+          f"gloo, 1 thread per rank; medians of {args.repeat} interleaved runs, slowest rank")
+    for dtype in ("fp32", "bf16"):
+        floor = max(r[dtype]["floor"] for r in results)
+        hashing = max(r[dtype]["hashing"] for r in results)
+        check = max(r[dtype]["check"] for r in results)
+        largest = max(r[dtype]["largest"] for r in results)
+        print(f"{dtype}: floor (one sum over a flat buffer of the same bytes): {floor * 1e3:.1f} ms")
+        print(f"{dtype}:   fingerprint every tensor (no communication): {hashing * 1e3:.1f} ms, "
+              f"{hashing / floor:.2f}x the floor")
+        print(f"{dtype}:   assert_in_sync(model): {check * 1e3:.1f} ms, {check / floor:.2f}x the floor "
+              f"(target <= 3x)")
+        print(f"{dtype}:   largest allocation while fingerprinting: {largest / 2**20:.2f} MiB "
+              f"(chunk bound {CHUNK_BYTES / 2**20:.0f} MiB: {'met' if largest <= CHUNK_BYTES else 'NOT met'}; "
+              f"the floor's own sum: {max(r[dtype]['largest_floor'] for r in results) / 2**20:.2f} MiB)")
     print(f"bytes sent per rank: {r0['bytes_big']} in {r0['calls_big']} collectives "
           f"({r0['bytes_big'] / n_tensors:.1f} bytes per tensor; parameters are {n_params * 4} bytes)")
     print(f"same tensors, {n_small / 1e6:.1f}M parameters: {r0['bytes_small']} bytes "

@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ddpdoctor.check import RankContext
 from ddpdoctor.diagnostics.batchnorm import batchnorm_layers, bn_divergence, sync_bn_stats
 from ddpdoctor.diagnostics.model_factory import LoadedModel, ModelCheck, forward_failed, forward_loss, rank_batch
-from ddpdoctor.result import Outcome
+from ddpdoctor.result import Outcome, count
 
 __all__ = ["BnSyncCheck"]
 
@@ -36,7 +36,7 @@ class BnSyncCheck(ModelCheck):
     def run_model(self, ctx: RankContext, loaded: LoadedModel) -> Outcome:
         model = loaded.module.train()
         layers = [(name, bn) for name, bn in batchnorm_layers(model)
-                  if not isinstance(bn, torch.nn.SyncBatchNorm)]
+                  if not isinstance(bn, torch.nn.SyncBatchNorm) and name not in loaded.reverted]
         if not layers:
             return ctx.skipped(f"{loaded.label} has no BatchNorm layers outside SyncBatchNorm")
         if loaded.input_shape is None:
@@ -84,7 +84,7 @@ class BnSyncCheck(ModelCheck):
                               hint="report this ddpdoctor bug with the torch version",
                               finding="bn-sync-failed", details=details, data=data)
         details.append(f"fix: {FIX}")
-        summary = (f"{len(names)} BatchNorm layer{'s' if len(names) > 1 else ''} not SyncBatchNorm; "
+        summary = (f"{count(len(names), 'BatchNorm layer')} not SyncBatchNorm; "
                    f"running stats diverge up to {worst:.3g} ({worst_name}) after {STEPS} steps")
         if worst > 0.0 and not loaded.builtin:
             return ctx.warned(summary, hint=FIX[0].upper() + FIX[1:], finding="bn-stats-diverge",

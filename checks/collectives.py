@@ -29,7 +29,7 @@ from ddpdoctor.check import Check, CheckResult, RankContext, Requirements, World
 from ddpdoctor.diagnostics.collective_plan import (DTYPES, OPS, Group, Step, bandwidth, build_step, compare,
                                                    format_bytes, render_table, select_ops, support, time_step,
                                                    unsupported_reason)
-from ddpdoctor.result import Outcome, Status, format_ranks, merge_outcomes, rank_label
+from ddpdoctor.result import Outcome, Status, count, format_ranks, merge_outcomes, rank_label
 
 __all__ = ["CollectivesCheck", "CollectivesBenchCheck", "bench_rows", "progress_key"]
 
@@ -120,7 +120,7 @@ class CollectivesCheck(Check):
             first = found["wrong"][0]
             return ctx.failed(_wrong_text(first, [ctx.rank]), hint=WRONG_HINT.format(ranks=f"rank {ctx.rank}"),
                               finding="collective-wrong-result", data=found)
-        return ctx.passed(f"{found['checked']} results exact", data=found)
+        return ctx.passed(f"{count(found['checked'], 'result')} exact", data=found)
 
     def _correctness(self, ctx: RankContext, group: Group, cases: Sequence[tuple[str, str, int]],
                      found: dict) -> None:
@@ -222,7 +222,7 @@ class CollectivesCheck(Check):
         skipped = len(_skips(data))
         where = "every rank" + (f", within and across {any_rank.get('nodes', 1)} nodes"
                                 if any_rank.get("nodes", 1) > 1 else "")
-        text = f"{checked} results exact on {where} ({n} ranks"
+        text = f"{count(checked, 'result')} exact on {where} ({count(n, 'rank')}"
         text += f", {skipped} skipped)" if skipped else ")"
         ar = next((r for r in rows if r["op"] == "all_reduce(sum)"), None)
         if ar is not None:
@@ -288,7 +288,7 @@ class CollectivesBenchCheck(CollectivesCheck):
         if found["wrong"]:
             return ctx.failed(_wrong_text(found["wrong"][0], [ctx.rank]), finding="collective-wrong-result",
                               hint=WRONG_HINT.format(ranks=f"rank {ctx.rank}"), data=found)
-        return ctx.passed(f"{len(found['timings'])} rows", data=found)
+        return ctx.passed(count(len(found['timings']), 'row'), data=found)
 
     def _bench_one(self, ctx: RankContext, world: Group, op: str, dtype: str, size: int, iters: int,
                    warmup: int, found: dict) -> None:
@@ -322,7 +322,7 @@ class CollectivesBenchCheck(CollectivesCheck):
             peak = max((r for r in rows if r["op"] == "all_reduce(sum)"), key=lambda r: r["busbw"], default=None)
             avg = statistics.mean(r["busbw"] for r in rows if r["family"] != "barrier") if any(
                 r["family"] != "barrier" for r in rows) else 0.0
-            text = f"{len(rows)} rows exact on every rank; avg busbw {avg:.3f} GB/s"
+            text = f"{count(len(rows), 'row')} exact on every rank; avg busbw {avg:.3f} GB/s"
             if peak is not None:
                 text += f"; peak all_reduce busbw {peak['busbw']:.3f} GB/s at {format_bytes(peak['size'])}"
             result = replace(result, summary=text)
@@ -383,7 +383,7 @@ def _fmt(value: Any) -> str:
 def _wrong_text(entry: dict, ranks: Sequence[int]) -> str:
     return (f"{entry['label']} wrong on {rank_label(ranks)} ({entry['group']}): first wrong index "
             f"{entry['index']}: expected {_fmt(entry['expected'])}, got {_fmt(entry['actual'])} "
-            f"({entry['wrong']} of {entry['of']} elements wrong)")
+            f"({entry['wrong']} of {count(entry['of'], 'element')} wrong)")
 
 
 def _wrong_lines(data: dict) -> list[str]:

@@ -12,7 +12,7 @@ import psutil
 
 from ddpdoctor.check import Check, CheckResult, Findings, RankContext, WorldInfo
 from ddpdoctor.dist import launcher
-from ddpdoctor.result import Outcome, Status, merge_outcomes, rank_label
+from ddpdoctor.result import Outcome, Status, count, merge_outcomes, rank_label
 from ddpdoctor.system import envvars, nvml
 from ddpdoctor.system.redact import redact_env
 
@@ -202,7 +202,7 @@ def assess(facts: Mapping[str, Any]) -> Findings:
                 per_rank = max(1, usable // lws)
                 f.warn(
                     "omp-oversubscribed",
-                    f"OMP_NUM_THREADS={threads} x {lws} ranks per node = {threads * lws} threads on {usable} cores",
+                    f"OMP_NUM_THREADS={threads} x {count(lws, 'rank')} per node = {count(threads * lws, 'thread')} on {count(usable, 'core')}",
                     f"export OMP_NUM_THREADS={per_rank}",
                 )
     interfaces = facts.get("interfaces", {})
@@ -247,7 +247,7 @@ class EnvCheck(Check):
         v = facts["versions"]
         ok = (
             f"python {v['python']}, torch {v['torch']}, CUDA {_na(v['cuda'])}, NCCL {_na(v['nccl'])}; "
-            f"{facts['cpus_logical']} CPUs, {facts['memory_total_gib']} GiB, {len(facts['gpus'])} GPUs"
+            f"{count(facts['cpus_logical'], 'CPU')}, {facts['memory_total_gib']} GiB, {count(len(facts['gpus']), 'GPU')}"
         )
         return assess(facts).outcome(ctx.rank, ok, details=describe_environment(facts), data=facts)
 

@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ddpdoctor.check import RankContext
 from ddpdoctor.diagnostics.desync import DesyncError, assert_in_sync
 from ddpdoctor.diagnostics.model_factory import LoadedModel, ModelCheck, forward_loss, rank_batch
-from ddpdoctor.result import Outcome
+from ddpdoctor.result import Outcome, count
 
 __all__ = ["ParamSyncCheck"]
 
@@ -50,7 +50,7 @@ class ParamSyncCheck(ModelCheck):
     def run_model(self, ctx: RankContext, loaded: LoadedModel) -> Outcome:
         model = loaded.module.train()
         details: list[str] = [f"model: {loaded.label}, "
-                              f"{sum(p.numel() for p in model.parameters())} parameters"]
+                              f"{count(sum(p.numel() for p in model.parameters()), 'parameter')}"]
         data: dict[str, Any] = {"model": loaded.label}
 
         caught: Optional[DesyncError] = None
@@ -60,8 +60,8 @@ class ParamSyncCheck(ModelCheck):
             caught = exc
         data["init_desync"] = [m.name for m in caught.mismatches] if caught else []
         if caught:
-            details.append(f"rank-dependent init without DDP: caught {len(caught.mismatches)} "
-                           f"differing tensors ({_short(caught)})")
+            details.append(f"rank-dependent init without DDP: caught "
+                           f"{count(len(caught.mismatches), 'differing tensor')} ({_short(caught)})")
         else:
             details.append("rank-dependent init without DDP: parameters identical anyway "
                            "(the model's init does not use the global RNG)")
@@ -104,13 +104,14 @@ class ParamSyncCheck(ModelCheck):
         if unused:
             shown = ", ".join(unused[:8]) + (f" and {len(unused) - 8} more" if len(unused) > 8 else "")
             return ctx.warned(
-                f"{len(unused)} parameter{'s' if len(unused) > 1 else ''} get no gradient: {shown}",
+                f"{count(len(unused), 'parameter')} get{'s' if len(unused) == 1 else ''} no gradient: {shown}",
                 hint="remove or freeze (requires_grad_(False)) the unused parameters, or pass "
                      "find_unused_parameters=True to DistributedDataParallel; otherwise DDP fails "
                      "with 'Expected to have finished reduction in the prior iteration'",
                 finding="unused-parameters", details=details, data=data)
         if caught:
-            summary = (f"rank-dependent init caught ({len(caught.mismatches)} tensors differ, e.g. "
+            n = len(caught.mismatches)
+            summary = (f"rank-dependent init caught ({count(n, 'tensor')} differ{'s' if n == 1 else ''}, e.g. "
                        f"{caught.mismatches[0].name}); DDP construction synced them")
         else:
             summary = "parameters identical on every rank"

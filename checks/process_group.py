@@ -14,7 +14,7 @@ import time
 from typing import Any, Optional, Sequence
 
 from ddpdoctor.check import Check, CheckResult, RankContext, Requirements, WorldInfo
-from ddpdoctor.result import Outcome, Status, format_seconds, merge_outcomes, rank_label
+from ddpdoctor.result import Outcome, Status, count, format_seconds, merge_outcomes, rank_label
 from ddpdoctor.system import nvml
 
 __all__ = ["ProcessGroupCheck", "identity_table"]
@@ -124,7 +124,7 @@ class ProcessGroupCheck(Check):
                                outcomes=merged.outcomes, details=table, duration=merged.duration)
         init = max(d["init_seconds"] for d in ids)
         nodes = len({d["host"] for d in ids})
-        summary = (f"{len(ids)} ranks on {nodes} node{'s' if nodes > 1 else ''} joined in {format_seconds(init)} "
+        summary = (f"{count(len(ids), 'rank')} on {count(nodes, 'node')} joined in {format_seconds(init)} "
                    f"({world.backend}); all_reduce ok")
         return CheckResult(self.name, merged.status, summary, outcomes=merged.outcomes, details=table,
                            duration=merged.duration, hint=merged.hint, finding=merged.finding, ranks=merged.ranks)

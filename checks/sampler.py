@@ -15,10 +15,11 @@ import warnings
 from collections import Counter
 from typing import Any
 
+import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from ddpdoctor.check import Check, RankContext, Requirements
-from ddpdoctor.result import Outcome
+from ddpdoctor.result import Outcome, count
 from ddpdoctor.diagnostics.sampler_guard import SamplerEpochWarning, guard_sampler
 
 __all__ = ["SamplerCheck"]
@@ -28,11 +29,20 @@ FIX = "call sampler.set_epoch(epoch) at the start of every epoch, before iterati
 
 
 def _gather(obj: Any) -> list[Any]:
+    """Every rank's int, or list of ints, in rank order (tensors: all_gather_object needs numpy)."""
     import torch.distributed as dist
 
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
+    values = torch.tensor(obj if isinstance(obj, list) else [obj], dtype=torch.int64)
+    world = dist.get_world_size()
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([values.numel()], dtype=torch.int64))
+    longest = max(int(s) for s in sizes)
+    padded = torch.zeros(longest, dtype=torch.int64)
+    padded[:values.numel()] = values
+    out = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(out, padded)
+    rows = [t[:int(n)].tolist() for t, n in zip(out, sizes)]
+    return rows if isinstance(obj, list) else [row[0] for row in rows]
 
 
 def _shards(n: int, world: int, rank: int, **kwargs: Any) -> list[list[int]]:
@@ -64,24 +74,24 @@ class SamplerCheck(Check):
         shards = _shards(n, world, rank, shuffle=True, seed=0)
         dupes, missed = _overlap(shards, n)
         padding = world * math.ceil(n / world) - n
-        details.append(f"dataset of {n} samples over {world} ranks: every rank gets "
-                       f"{len(shards[0])} samples; {padding} padding duplicate{'s' if padding != 1 else ''} "
+        details.append(f"dataset of {count(n, 'sample')} over {count(world, 'rank')}: every rank gets "
+                       f"{count(len(shards[0]), 'sample')}; {count(padding, 'padding duplicate')} "
                        "in all (they count twice in evaluation metrics)")
         if missed:
-            problems.append(("sampler-coverage-gap", f"{missed} of {n} samples reach no rank",
+            problems.append(("sampler-coverage-gap", f"{missed} of {count(n, 'sample')} reach{'es' if missed == 1 else ''} no rank",
                              "pass num_replicas=world_size and rank=this rank to DistributedSampler"))
         if dupes != padding:
             problems.append(("sampler-shards-overlap",
-                             f"shards overlap on {dupes} samples, expected {padding} padding duplicates",
+                             f"shards overlap on {count(dupes, 'sample')}, expected {count(padding, 'padding duplicate')}",
                              "pass num_replicas=world_size and rank=this rank to DistributedSampler"))
 
         dropped_shards = _shards(n, world, rank, shuffle=True, seed=0, drop_last=True)
         d_dupes, d_missed = _overlap(dropped_shards, n)
-        details.append(f"drop_last=True: {len(dropped_shards[0])} samples per rank, no duplicates, "
-                       f"{d_missed} sample{'s' if d_missed != 1 else ''} left out of every epoch")
+        details.append(f"drop_last=True: {count(len(dropped_shards[0]), 'sample')} per rank, no duplicates, "
+                       f"{count(d_missed, 'sample')} left out of every epoch")
         if d_dupes:
             problems.append(("sampler-shards-overlap",
-                             f"with drop_last=True shards still overlap on {d_dupes} samples",
+                             f"with drop_last=True shards still overlap on {count(d_dupes, 'sample')}",
                              "pass num_replicas=world_size and rank=this rank to DistributedSampler"))
 
         sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=0)
@@ -90,11 +100,11 @@ class SamplerCheck(Check):
             problems.append(("sampler-seed-mismatch",
                              "ranks shuffle with different seeds ("
                              + ", ".join(f"rank {r}: {v}" for r, v in enumerate(seeds))
-                             + f"), so their shards overlap on {dupes - padding} samples and miss {missed}",
+                             + f"), so their shards overlap on {count(dupes - padding, 'sample')} and miss {missed}",
                              "pass the same seed to DistributedSampler on every rank"))
         skewed_dupes, skewed_missed = _overlap(_shards(n, world, rank, shuffle=True, seed=rank), n)
         details.append(f"seed: every rank uses seed {seeds[0]}; with seed=rank instead the shards "
-                       f"would overlap on {skewed_dupes} samples and miss {skewed_missed}")
+                       f"would overlap on {count(skewed_dupes, 'sample')} and miss {skewed_missed}")
 
         sampler.set_epoch(0)
         first, again = list(sampler), list(sampler)
@@ -110,7 +120,7 @@ class SamplerCheck(Check):
         epoch1_dupes, _ = _overlap(_gather(reshuffled), n)
         if epoch1_dupes != padding:
             problems.append(("sampler-shards-overlap",
-                             f"after set_epoch(1) shards overlap on {epoch1_dupes} samples",
+                             f"after set_epoch(1) shards overlap on {count(epoch1_dupes, 'sample')}",
                              "call set_epoch with the same epoch on every rank"))
 
         guarded = guard_sampler(DistributedSampler(range(n), num_replicas=world, rank=rank,
@@ -134,7 +144,7 @@ class SamplerCheck(Check):
             problems.sort(key=lambda p: p[0] != "sampler-seed-mismatch")
             finding, summary, hint = problems[0]
             return ctx.failed(summary, hint=hint, finding=finding, details=details, data=data)
-        summary = (f"{n} samples over {world} ranks: shards disjoint and complete ({padding} padding "
-                   f"duplicate{'s' if padding != 1 else ''}, drop_last drops {d_missed}), same seed; "
+        summary = (f"{count(n, 'sample')} over {count(world, 'rank')}: shards disjoint and complete "
+                   f"({count(padding, 'padding duplicate')}, drop_last drops {d_missed}), same seed; "
                    f"{PITFALL}")
         return ctx.passed(summary, hint=FIX, details=details, data=data)

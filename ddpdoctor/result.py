@@ -12,7 +12,8 @@ import enum
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
-__all__ = ["Status", "Outcome", "CheckResult", "merge_outcomes", "format_ranks", "format_seconds", "rank_label"]
+__all__ = ["Status", "Outcome", "CheckResult", "merge_outcomes", "format_ranks", "format_seconds", "rank_label",
+           "count"]
 
 
 class Status(enum.IntEnum):
@@ -172,6 +173,11 @@ def format_seconds(seconds: float) -> str:
     if seconds < 1.0:
         return f"{seconds * 1000:.0f} ms" if seconds >= 0.001 else f"{seconds * 1000:.1f} ms"
     return f"{seconds:.2f}s"
+
+
+def count(n: int, noun: str, plural: str = "") -> str:
+    """``count(1, "tensor")`` -> ``"1 tensor"``; ``count(3, "tensor")`` -> ``"3 tensors"``."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 def rank_label(ranks: Iterable[int]) -> str:

@@ -223,3 +223,79 @@ def test_checks_initialize_the_process_group_lazily(tmp_path):
     results = run_world(_lazy_world, 2, str(tmp_path / "store"), backend=None, timeout=50)
     for outcome, initialized, timed in results:
         assert outcome.status == Status.PASS and initialized and timed
+
+
+SYNC_BN_MODELS = """
+import torch
+
+def only_sync():
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.SyncBatchNorm(4), torch.nn.ReLU())
+
+def one_tensor():
+    return torch.nn.Linear(3, 3, bias=False)
+
+def mixed():
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.SyncBatchNorm(4), torch.nn.ReLU(),
+                               torch.nn.Conv2d(4, 4, 3), torch.nn.BatchNorm2d(4))
+"""
+
+
+def _sync_bn_world(rank: int, world: int) -> dict:
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    from ddpdoctor.diagnostics.model_factory import forward_failed
+
+    out = {"only": _run_checks(rank, world, {"model": "diag_sync_models:only_sync"},
+                               (param_mod.ParamSyncCheck, bn_mod.BnSyncCheck)),
+           "mixed": _run_checks(rank, world, {"model": "diag_sync_models:mixed"},
+                                (param_mod.ParamSyncCheck, bn_mod.BnSyncCheck)),
+           "one": _run_checks(rank, world, {"model": "diag_sync_models:one_tensor"}, (param_mod.ParamSyncCheck,))}
+    ctx = rank_context(rank, world, {})
+    # the errors torch raises for SyncBatchNorm on CPU, for real: at DDP construction, in forward
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.SyncBatchNorm(4))
+    for step in ("ddp", "forward"):
+        try:
+            if step == "ddp":
+                DistributedDataParallel(model)
+            else:
+                model(torch.randn(2, 3, 8, 8))
+        except Exception as exc:  # noqa: BLE001
+            out[step] = forward_failed(ctx, exc, (2, 3, 8, 8), [], {})
+    return out
+
+
+@pytest.mark.timeout(90)
+def test_sync_batchnorm_on_cpu_names_the_real_cause(tmp_path, monkeypatch):
+    (tmp_path / "diag_sync_models.py").write_text(textwrap.dedent(SYNC_BN_MODELS))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    results = run_world(_sync_bn_world, 2, timeout=80)
+    got = _merged([r["only"] for r in results], 2, {}, (param_mod.ParamSyncCheck, bn_mod.BnSyncCheck))
+    param = got["param-sync"]
+    assert param.status == Status.WARN and param.finding == "sync-batchnorm-needs-gpu", param.summary
+    assert param.summary.startswith("SyncBatchNorm needs GPU modules: on CPU, 1 SyncBatchNorm layer (1) "
+                                    "ran as plain BatchNorm; otherwise rank-dependent init caught")
+    assert "run ddpdoctor check on GPUs" in param.hint and "--input-shape" not in param.hint
+    assert got["bn-sync"].status == Status.SKIP
+    assert "SyncBatchNorm needs GPU modules" in got["bn-sync"].summary
+    got = _merged([r["mixed"] for r in results], 2, {}, (param_mod.ParamSyncCheck, bn_mod.BnSyncCheck))
+    assert got["param-sync"].finding == "sync-batchnorm-needs-gpu"
+    bn = got["bn-sync"]
+    assert bn.outcomes[0].data["layers"] == ["4"] and bn.outcomes[0].data["sync_batchnorm_reverted"] == ["1"]
+    one = _merged([r["one"] for r in results], 2, {}, (param_mod.ParamSyncCheck,))["param-sync"]
+    assert one.summary.startswith("rank-dependent init caught (1 tensor differs, e.g. param:weight)"), one.summary
+    assert "rank-dependent init without DDP: caught 1 differing tensor (param:weight)" in one.outcomes[0].details
+    for out in results:
+        for step, torch_text in (("ddp", "SyncBatchNorm layers only work with GPU modules"),
+                                 ("forward", "SyncBatchNorm expected input tensor to be on GPU")):
+            outcome = out[step]
+            assert outcome.finding == "sync-batchnorm-needs-gpu", (step, outcome.summary)
+            assert outcome.summary.startswith("SyncBatchNorm needs GPU modules: ") and torch_text in outcome.summary
+            assert "--input-shape" not in outcome.hint
+
+
+def test_counts_read_right():
+    from ddpdoctor.result import count
+
+    assert [count(n, "tensor") for n in (0, 1, 2)] == ["0 tensors", "1 tensor", "2 tensors"]
+    assert count(1, "pass", "passes") == "1 pass" and count(3, "pass", "passes") == "3 passes"

@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch._dynamo  # noqa: F401 - DDP imports it on first use; once here, not in every forked rank
 
-from ddpdoctor.diagnostics.desync import _ROW, DesyncError, assert_in_sync, fingerprint
+from ddpdoctor.diagnostics.desync import DesyncError, assert_in_sync, fingerprint
+from ddpdoctor.diagnostics.fingerprint import BLOCK_WORDS, CHUNK_BYTES, COLS, fingerprint_tensor
 from worlds import run_world
 
 
@@ -165,6 +166,55 @@ def test_two_ranks_one_ulp_apart_empty_modules_and_sparse_grads():
         assert sparse == ["grad:weight"]
 
 
+def _bits_world(rank: int, world: int) -> dict:
+    out: dict = {}
+
+    def holder(**tensors) -> torch.nn.Module:
+        m = torch.nn.Module()
+        for name, value in tensors.items():
+            m.register_buffer(name, value)
+        return m
+
+    zero = torch.zeros(10)
+    if rank == 1:
+        zero[4] = -0.0
+    exc = _desync(holder(z=zero))
+    out["negzero"] = (exc.mismatches[0].max_abs_diff, str(exc)) if exc else None
+    out["negzero_atol"] = _desync(holder(z=zero), atol=1e-3) is None
+    nan = torch.ones(10)
+    if rank == 1:
+        nan[2] = float("nan")
+    exc = _desync(holder(n=nan), atol=1.0)
+    out["nan"] = (exc.mismatches[0].max_abs_diff, str(exc)) if exc else None
+    both = torch.ones(10)
+    both[3] = float("nan")  # the same NaN on every rank: in sync
+    out["both_nan"] = _desync(holder(n=both)) is None
+    # three all_reduce chunks; rank 0 holds it transposed (not contiguous): same logical values,
+    # the same number of collectives on every rank, the largest difference in the last chunk
+    big = torch.arange(3 * 140_000, dtype=torch.float32).view(-1, 2)
+    if rank == 1:
+        big[-1, 1] += 0.25
+    if rank == 0:
+        big = big.t().contiguous().t()
+    exc = _desync(holder(b=big))
+    out["big"] = exc.mismatches[0].max_abs_diff if exc else None
+    same = torch.arange(12.0).view(3, 4)
+    out["strided_equal"] = _desync(holder(s=same if rank else same.t().contiguous().t())) is None
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_bits_nan_negative_zero_and_chunked_differences_across_ranks():
+    for out in run_world(_bits_world, 2, timeout=50):
+        diff, text = out["negzero"]
+        assert diff == 0.0 and "values equal, bits differ (-0.0 against 0.0" in text
+        assert out["negzero_atol"]
+        diff, text = out["nan"]
+        assert diff != diff and "buffer:n: NaN on some ranks, a number on others" in text
+        assert out["both_nan"] and out["strided_equal"]
+        assert out["big"] == 0.25
+
+
 @pytest.mark.timeout(30)
 def test_without_a_process_group_it_is_a_no_op():
     def fn(rank, world):
@@ -180,46 +230,112 @@ def test_negative_atol_names_the_value_and_the_fix():
         assert_in_sync(torch.nn.Linear(2, 2), atol=-1)
 
 
-def test_fingerprint_sees_every_single_bit_and_permutations():
+def _flip(t: torch.Tensor, index: int, bit: int) -> torch.Tensor:
+    """A copy of ``t`` with one bit of element ``index`` flipped (any 2- or 4-byte dtype)."""
+    out = t.clone()
+    words = out.view(torch.int16 if t.element_size() == 2 else torch.int32)
+    top = 8 * t.element_size() - 1
+    words[index] ^= (1 << bit) if bit < top else -(1 << top)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_flipped_bit_anywhere_in_a_large_tensor_is_caught(dtype):
     gen = torch.Generator().manual_seed(0)
-    t = torch.randn(257, generator=gen)
+    n = 2 * BLOCK_WORDS * 4 // torch.tensor([], dtype=dtype).element_size() + 4 * COLS + 7
+    t = torch.randn(n, generator=gen).to(dtype)  # two full 4 MiB blocks, rows, a partial row
     base = fingerprint(t)
     assert fingerprint(t.clone()) == base
-    words = t.view(torch.int32)
-    for index in (0, 1, 128, 256):
-        for bit in range(32):
-            flipped = words.clone()
-            flipped[index] ^= (1 << bit) if bit < 31 else -(1 << 31)
-            assert fingerprint(flipped.view(torch.float32)) != base, (index, bit)
+    words = t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+    top = 8 * t.element_size() - 1
+    positions = [0, BLOCK_WORDS + 5, n - 1] + torch.randint(0, n, (2,), generator=gen).tolist()
+    for index in positions:  # flipped in place and back: no copy of the large tensor
+        for bit in range(top + 1):
+            mask = (1 << bit) if bit < top else -(1 << top)
+            words[index] ^= mask
+            assert fingerprint(t) != base, (dtype, index, bit)
+            words[index] ^= mask
+    assert fingerprint(t) == base
+    # the non-CPU code path (multiply and sum per block) gives the same values
+    assert int(fingerprint_tensor(t, fused=False)) == base
+    assert int(fingerprint_tensor(_flip(t, n - 1, 3), fused=False)) == fingerprint(_flip(t, n - 1, 3))
+
+
+def test_bits_not_values_negative_zero_and_nan():
+    zeros = torch.zeros(5000)
+    negative = zeros.clone()
+    negative[1234] = -0.0
+    assert fingerprint(negative) != fingerprint(zeros)
+    nan = torch.randn(5000, generator=torch.Generator().manual_seed(2))
+    nan[17] = float("nan")
+    assert fingerprint(nan) == fingerprint(nan.clone())  # identical NaN bits: equal
+    payload = nan.clone()
+    payload.view(torch.int32)[17] ^= 1  # still a NaN, another payload
+    assert torch.isnan(payload[17]) and fingerprint(payload) != fingerprint(nan)
+    for dtype in (torch.bfloat16, torch.float16):
+        z = torch.zeros(9, dtype=dtype)
+        neg = z.clone()
+        neg[8] = -0.0  # the odd element out: in the zero-padded last word
+        assert fingerprint(neg) != fingerprint(z), dtype
+
+
+def test_every_code_path_gives_the_same_fingerprint():
+    gen = torch.Generator().manual_seed(3)
+    for n in (0, 1, 3, COLS - 1, COLS, COLS + 1, BLOCK_WORDS - 1, BLOCK_WORDS, BLOCK_WORDS + 5):
+        t = torch.randn(n, generator=gen)
+        strided = torch.stack([t, t], dim=1)[:, 0]  # not contiguous: copied through the block buffer
+        values = {fingerprint(t), int(fingerprint_tensor(t, fused=False)), fingerprint(strided)}
+        assert len(values) == 1, n
+    half = torch.randn(8, generator=gen).bfloat16()
+    misaligned = torch.cat([torch.zeros(1).bfloat16(), half[:7]])[1:]  # storage offset of 2 bytes
+    assert fingerprint(misaligned) == fingerprint(half[:7].clone())
+    channels_last = torch.randn(2, 3, 4, 5, generator=gen).to(memory_format=torch.channels_last)
+    assert fingerprint(channels_last) == fingerprint(channels_last.contiguous())  # logical order
+
+
+def test_no_temporary_larger_than_the_chunk():
+    from torch.profiler import ProfilerActivity, profile
+
+    t = torch.randn(6 * BLOCK_WORDS + 3)  # 24 MiB
+    fingerprint(t)  # the weight and key tables are built once per device, outside the measure
+
+    def largest(fn) -> int:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            fn()
+        return max(e.cpu_memory_usage for e in prof.events())
+
+    assert largest(lambda: fingerprint(t)) <= CHUNK_BYTES // 8
+    assert largest(lambda: fingerprint_tensor(t, fused=False)) <= CHUNK_BYTES
+    assert largest(lambda: fingerprint(t[:-3].view(4, -1)[:, :-1])) <= CHUNK_BYTES  # streamed
+    assert largest(lambda: torch.cat([t, t])) >= 2 * t.numel() * 4  # the measure sees big ones
+
+
+def test_fingerprint_sees_permutations():
+    gen = torch.Generator().manual_seed(0)
+    t = torch.randn(3 * COLS + 17, generator=gen)
+    base = fingerprint(t)
     for seed in range(20):
         perm = torch.randperm(t.numel(), generator=torch.Generator().manual_seed(seed))
         assert fingerprint(t[perm]) != base
-    swapped = t.clone()
-    swapped[[3, 200]] = swapped[[200, 3]]
-    assert fingerprint(swapped) != base
+    for a, b in ((3, 200), (0, COLS), (5, 2 * COLS + 9), (COLS + 1, 3 * COLS + 16)):
+        swapped = t.clone()
+        swapped[[a, b]] = swapped[[b, a]]  # same row, same column of another row, across rows
+        assert fingerprint(swapped) != base, (a, b)
+    big = torch.randn(2 * BLOCK_WORDS, generator=gen)
+    moved = big.clone()
+    moved[[7, BLOCK_WORDS + 7]] = moved[[BLOCK_WORDS + 7, 7]]  # same place in another block
+    assert fingerprint(moved) != fingerprint(big)
 
 
-def test_fingerprint_covers_odd_dtypes_sizes_and_block_boundaries():
-    half = torch.randn(7).half()  # 14 bytes: padded to whole words
+def test_fingerprint_covers_odd_dtypes_and_sizes():
+    half = torch.randn(7).half()  # 14 bytes: the last 2 padded into a word
     flipped = half.clone()
     flipped.view(torch.int16)[6] ^= 1
     assert fingerprint(half) != fingerprint(flipped)
     flags = torch.tensor([True, False, True])
     assert fingerprint(flags) != fingerprint(torch.tensor([True, True, True]))
     assert fingerprint(torch.arange(5)) != fingerprint(torch.arange(5).flip(0))
-    big = torch.zeros(3 * _ROW + 10)
-    big[0], big[_ROW + 1] = 1.0, 2.0  # swapped across rows
-    moved = big.clone()
-    moved[0], moved[_ROW + 1] = 2.0, 1.0
-    assert fingerprint(big) != fingerprint(moved)
-    moved_rows = big.clone()
-    moved_rows[[0, _ROW]] = moved_rows[[_ROW, 0]]  # same column, another row
-    assert fingerprint(big) != fingerprint(moved_rows)
-    for index in (0, _ROW - 1, _ROW, 3 * _ROW, 3 * _ROW + 9):  # row edges and the padded tail
-        one = torch.zeros(3 * _ROW + 10)
-        one[index] = 1e-30
-        assert fingerprint(one) != fingerprint(torch.zeros(3 * _ROW + 10)), index
-    signs = torch.randn(4 * _ROW, generator=torch.Generator().manual_seed(1))
-    flipped_far = signs.clone()
-    flipped_far[[5, 3 * _ROW + 5]] = flipped_far[[3 * _ROW + 5, 5]]
-    assert fingerprint(signs) != fingerprint(flipped_far)
+    c = torch.randn(4, 3, dtype=torch.complex64, generator=torch.Generator().manual_seed(1))
+    c2 = c.clone()
+    c2[3, 2] = complex(c2[3, 2].real, -c2[3, 2].imag)
+    assert fingerprint(c) != fingerprint(c2)

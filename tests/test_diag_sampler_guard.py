@@ -104,3 +104,121 @@ def test_guard_sampler_rejects_other_samplers_and_pickles_as_plain():
     clone = pickle.loads(pickle.dumps(guarded))
     assert type(clone) is DistributedSampler and clone.seed == 4 and list(clone) == list(guarded)
     assert issubclass(SamplerEpochWarning, UserWarning) and issubclass(SamplerMismatchWarning, UserWarning)
+
+
+def _epochs(sampler, epochs: int, reads: int, set_epoch=lambda epoch: epoch) -> list:
+    """``epochs`` epochs of ``reads`` passes each (a training pass, then accuracy passes)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for epoch in range(epochs):
+            if set_epoch is not None:
+                sampler.set_epoch(set_epoch(epoch))
+            for _ in range(reads):
+                list(sampler)
+    return [(w.category.__name__, str(w.message)) for w in caught]
+
+
+def _reads_world(rank: int, world: int) -> dict:
+    out: dict = {}
+
+    def guarded(**kwargs):
+        return guard_sampler(DistributedSampler(range(20), num_replicas=world, rank=rank), warn_rank=None,
+                             **kwargs)
+
+    out["twice"] = _epochs(guarded(), 3, 2)
+    out["twice_loader"] = []
+    loader_sampler = guarded()
+    loader = DataLoader(range(20), batch_size=4, sampler=loader_sampler)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for epoch in range(3):
+            loader_sampler.set_epoch(epoch)
+            for _batch in loader:  # training pass
+                pass
+            sum(len(b) for b in loader)  # accuracy pass over the same loader
+    out["twice_loader"] = [w.category.__name__ for w in caught]
+    out["stuck_once"] = _epochs(guarded(), 3, 2, set_epoch=lambda epoch: 0)
+    out["thrice"] = _epochs(guarded(passes_per_epoch=3), 3, 3)
+    out["thrice_stuck"] = _epochs(guarded(passes_per_epoch=3), 2, 3, set_epoch=lambda epoch: 7)
+    out["thrice_learned"] = _epochs(guarded(), 3, 3)  # the first epoch warns: no epoch to learn from
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_several_reads_per_epoch_are_no_false_alarm():
+    for out in run_world(_reads_world, 2, timeout=50):
+        assert out["twice"] == [] and out["twice_loader"] == []
+        (cat, text), = out["stuck_once"]
+        assert cat == "SamplerEpochWarning"
+        assert "pass 3 with epoch 0, the same epoch as the 2 previous passes (set_epoch was last called with 0)" in text
+        assert out["thrice"] == []
+        (cat, text), = out["thrice_stuck"]
+        assert "pass 4 with epoch 7" in text
+        assert [c for c, _ in out["thrice_learned"]] == ["SamplerEpochWarning"]
+
+
+def _rank_zero_only_world(rank: int, world: int) -> dict:
+    import time
+
+    import torch.distributed as dist
+
+    sampler = guard_sampler(DistributedSampler(range(30), num_replicas=world, rank=rank), rank_wait=0.5)
+    start = time.monotonic()
+    caught_all = []
+    if rank == 0:  # e.g. an evaluation loop that only rank 0 runs
+        for epoch in range(4):
+            sampler.set_epoch(epoch)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                list(sampler)
+            caught_all += [w.category.__name__ for w in caught]
+    elapsed = time.monotonic() - start
+    dist.barrier()  # what the ranks do next; a collective in the guard would pair with this one
+    # then every rank iterates, rank 2 late and with another seed: still compared, no collective
+    late = guard_sampler(DistributedSampler(range(30), num_replicas=world, rank=rank,
+                                            seed=5 if rank == 2 else 0), rank_wait=5.0)
+    if rank == 2:
+        time.sleep(0.3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        late.set_epoch(0)
+        list(late)
+    return {"elapsed": elapsed, "warnings": caught_all, "late": [str(w.message) for w in caught]}
+
+
+@pytest.mark.timeout(60)
+def test_a_loop_on_rank_zero_only_never_waits_for_the_others():
+    results = run_world(_rank_zero_only_world, 3, timeout=50)
+    zero = results[0]
+    assert zero["warnings"] == []
+    assert zero["elapsed"] < 0.5 + 3.0  # one wait of rank_wait for the silent ranks, not one per pass
+    (text,) = zero["late"]
+    assert "seed rank 0: 0, rank 1: 0, rank 2: 5" in text
+    assert results[1]["late"] == [] and results[2]["late"] == []
+
+
+def _where_world(rank: int, world: int) -> list:
+    import inspect
+
+    sampler = guard_sampler(DistributedSampler(range(9), num_replicas=world, rank=rank))
+    loader = DataLoader(range(9), batch_size=2, sampler=sampler)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            line = inspect.currentframe().f_lineno + 1
+            for _batch in loader:
+                pass
+    return [(w.filename, w.lineno, line) for w in caught]
+
+
+@pytest.mark.timeout(30)
+def test_the_warning_names_the_users_line():
+    (filename, lineno, line), = run_world(_where_world, 2, timeout=25)[0]
+    assert filename == __file__ and lineno == line
+
+
+def test_bad_arguments_name_the_value():
+    with pytest.raises(ValueError, match=r"passes_per_epoch.*0"):
+        guard_sampler(DistributedSampler(range(4), num_replicas=2, rank=0), passes_per_epoch=0)
+    with pytest.raises(ValueError, match=r"rank_wait.*-1"):
+        guard_sampler(DistributedSampler(range(4), num_replicas=2, rank=0), rank_wait=-1)

@@ -17,7 +17,7 @@ import torch
 
 from ddpdoctor.diagnostics.wrapped import unwrap_module
 
-__all__ = ["bn_divergence", "sync_bn_stats", "batchnorm_layers"]
+__all__ = ["bn_divergence", "sync_bn_stats", "batchnorm_layers", "revert_sync_batchnorm", "AnyBatchNorm"]
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,44 @@ def batchnorm_layers(module: torch.nn.Module) -> Iterator[tuple[str, torch.nn.mo
                 and not isinstance(layer, torch.nn.modules.instancenorm._InstanceNorm)
                 and layer.running_mean is not None and layer.running_var is not None):
             yield name or "<root>", layer
+
+
+class AnyBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
+    """Plain BatchNorm for inputs of any rank >= 2: what a SyncBatchNorm layer computes on one process."""
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
+
+
+def revert_sync_batchnorm(module: torch.nn.Module) -> tuple[torch.nn.Module, list[str]]:
+    """Replace every ``SyncBatchNorm`` layer by a plain BatchNorm that shares its parameters and buffers.
+
+    SyncBatchNorm only runs on GPUs (under DDP on CPU it raises "SyncBatchNorm layers only work with
+    GPU modules"); this is the inverse of ``SyncBatchNorm.convert_sync_batchnorm`` for a CPU run.
+
+    Returns:
+        The module (the same object unless it is itself a SyncBatchNorm) and the names of the
+        replaced layers.
+    """
+    names: list[str] = []
+
+    def convert(layer: torch.nn.Module, prefix: str) -> torch.nn.Module:
+        if isinstance(layer, torch.nn.SyncBatchNorm):
+            plain = AnyBatchNorm(layer.num_features, layer.eps, layer.momentum, layer.affine,
+                                 layer.track_running_stats)
+            if layer.affine:
+                plain.weight, plain.bias = layer.weight, layer.bias
+            plain.running_mean, plain.running_var = layer.running_mean, layer.running_var
+            plain.num_batches_tracked = layer.num_batches_tracked
+            plain.train(layer.training)
+            names.append(prefix or "<root>")
+            return plain
+        for name, child in list(layer.named_children()):
+            layer._modules[name] = convert(child, f"{prefix}.{name}" if prefix else name)
+        return layer
+
+    return convert(module, ""), names
 
 
 def _world(group: Any) -> int:

@@ -5,19 +5,13 @@ fingerprints of all tensors in one ``all_gather``, and only when fingerprints di
 largest absolute difference of the tensors concerned. The bytes exchanged grow with the number of
 tensors, not with the number of parameters.
 
-The fingerprint of a tensor reads its bytes as 32-bit words laid out in rows of 256, hashes each
-row with one integer matrix-vector product against fixed odd weights (modulo 2**32), and combines
-the row hashes with fixed odd 64-bit keys (modulo 2**64). Weights and keys are the same on every
-rank, and integer arithmetic makes the result independent of the reduction order (thread counts
-may differ between ranks). Guarantees:
-
-* a change to any single element (one flipped bit included) always changes the fingerprint: an odd
-  weight times a non-zero 32-bit difference is non-zero modulo 2**32, and so is its product with an
-  odd key modulo 2**64;
-* elements moved to another row (any permutation of a large tensor) change it unless 64-bit keys
-  collide; elements swapped within one row change it unless 32-bit weights collide. The one blind
-  spot of 32-bit weights: swapping two elements of the same row that differ only in the top bit of
-  their word (``x`` and ``-x`` in float32) is not seen.
+The fingerprint (:mod:`ddpdoctor.diagnostics.fingerprint`) reads each tensor's bytes once, in
+place, with no temporary larger than 4 MiB, and compares bits, not values: any change to one 32-bit
+word of a tensor (one flipped bit included) always changes it, so ``-0.0`` and ``0.0`` differ, and
+so do NaNs with different payloads; permutations change it unless 64-bit keys collide. For the
+tensors whose fingerprints differ, the largest absolute difference is then fetched in chunks of at
+most 4 MiB: NaN when some ranks hold a NaN where others hold a number, 0.0 when the values are
+equal and only the bits differ (``-0.0`` against ``0.0``, or NaN payloads).
 """
 
 from __future__ import annotations
@@ -28,6 +22,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
+from ddpdoctor.diagnostics.fingerprint import CHUNK_BYTES, fingerprint, fingerprint_tensor, flat_pieces, strided_real
 from ddpdoctor.diagnostics.wrapped import unwrap_module
 from ddpdoctor.errors import DdpdoctorError
 
@@ -35,11 +30,7 @@ __all__ = ["assert_in_sync", "DesyncError", "TensorMismatch", "fingerprint"]
 
 log = logging.getLogger(__name__)
 
-_ROW = 256  # 32-bit words per row: each row is hashed with one matrix-vector product
-_SEED = 0x5EED_D0C
-_MASK64 = (1 << 64) - 1
-_weights: dict[torch.device, torch.Tensor] = {}
-_keys: dict[torch.device, torch.Tensor] = {}
+_DIFF_CHUNK = CHUNK_BYTES // 32  # elements per max-difference all_reduce: 4 float64 values each
 
 
 class TensorMismatch:
@@ -66,7 +57,14 @@ class TensorMismatch:
                          f"{','.join(map(str, r))}" for i, r in enumerate(self.versions))
         if self.reason == "layout":
             return f"{self.name}: name, shape, dtype or presence differs ({held})"
-        return f"{self.name}: max abs diff {self.max_abs_diff:.6g} ({held})"
+        diff = self.max_abs_diff
+        if diff is not None and diff != diff:
+            what = "NaN on some ranks, a number on others"
+        elif diff == 0.0:
+            what = "values equal, bits differ (-0.0 against 0.0, or NaN payloads)"
+        else:
+            what = f"max abs diff {diff:.6g}"
+        return f"{self.name}: {what} ({held})"
 
     def __repr__(self) -> str:
         return f"TensorMismatch({self.describe()!r})"
@@ -99,94 +97,6 @@ _HINT = ("wrap the model in DistributedDataParallel before training (it broadcas
          "outside the optimizer on some ranks only")
 
 
-def _signed(value: int) -> int:
-    value &= _MASK64
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-def _weights_for(device: torch.device) -> torch.Tensor:
-    """The fixed odd int32 column weights, identical on every rank, cached per device."""
-    w = _weights.get(device)
-    if w is None:
-        gen = torch.Generator().manual_seed(_SEED)
-        w = torch.randint(-(1 << 31), 1 << 31, (_ROW,), generator=gen, dtype=torch.int64)
-        w = _weights[device] = (w | 1).to(torch.int32).to(device)
-    return w
-
-
-def _mix(z: torch.Tensor) -> torch.Tensor:
-    """A splitmix64-style finalizer in wrapping int64 arithmetic: a fixed function of the index."""
-    z = z * _signed(0x9E3779B97F4A7C15) + _signed(0x632BE59BD9B4E019)
-    z = (z ^ (z >> 30)) * _signed(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> 27)) * _signed(0x94D049BB133111EB)
-    return z ^ (z >> 31)
-
-
-def _row_keys(rows: int, device: torch.device) -> torch.Tensor:
-    """Odd pseudo-random int64 keys for rows ``0..rows-1``; key ``i`` depends on ``i`` only."""
-    keys = _keys.get(device)
-    if keys is None or keys.numel() < rows:
-        size = max(rows, 4096, 2 * (keys.numel() if keys is not None else 0))
-        keys = _keys[device] = _mix(torch.arange(size, dtype=torch.int64, device=device)) | 1
-    return keys[:rows]
-
-
-def _words(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's raw bytes as a flat int32 tensor (zero-padded to a multiple of 4 bytes)."""
-    flat = t.detach()
-    if flat.layout != torch.strided:  # sparse gradients (nn.Embedding(sparse=True))
-        flat = flat.to_dense()
-    if flat.is_complex():
-        flat = torch.view_as_real(flat)
-    flat = flat.contiguous().reshape(-1)
-    if flat.dtype == torch.bool:
-        flat = flat.view(torch.uint8)
-    raw = flat.view(torch.uint8)
-    if raw.numel() % 4 == 0:
-        try:
-            return raw.view(torch.int32)
-        except RuntimeError:  # storage offset not 4-byte aligned
-            pass
-    padded = torch.zeros((raw.numel() + 3) // 4 * 4, dtype=torch.uint8, device=raw.device)
-    padded[: raw.numel()] = raw
-    return padded.view(torch.int32)
-
-
-def _row_hashes(rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``wrap32(sum_k rows[r, k] * w[k])`` for every row: int32 arithmetic modulo 2**32."""
-    if rows.device.type == "cpu":
-        return torch.mv(rows, w)  # fused multiply-add: one read of the data
-    return torch.mul(rows, w).sum(dim=1, dtype=torch.int32)  # same value; CUDA has no integer mv
-
-
-def _fingerprint_tensor(t: torch.Tensor) -> torch.Tensor:
-    """The fingerprint as a 0-dim int64 tensor on the tensor's device (no host sync).
-
-    The words are laid out in rows of ``_ROW``; row ``r`` hashes to
-    ``R[r] = wrap32(sum_k x[r, k] * w[k])`` with odd weights ``w``, and the rows combine as
-    ``sum_r R[r] * key[r]`` modulo 2**64 with odd keys, so an element's position counts both
-    within and across rows.
-    """
-    words = _words(t)
-    w = _weights_for(words.device)
-    full, tail = divmod(words.numel(), _ROW)
-    parts = [_row_hashes(words[: full * _ROW].view(full, _ROW), w)]
-    if tail:
-        last = torch.zeros(1, _ROW, dtype=torch.int32, device=words.device)
-        last[0, :tail] = words[full * _ROW:]
-        parts.append(_row_hashes(last, w))
-    rows = torch.cat(parts).to(torch.int64)
-    return (rows * _row_keys(rows.numel(), words.device)).sum()
-
-
-def fingerprint(t: torch.Tensor) -> int:
-    """An order-sensitive 64-bit fingerprint of the tensor's bytes, as a signed int64 value.
-
-    Equal on every rank for bitwise-equal tensors; different for any single-element change.
-    """
-    return int(_fingerprint_tensor(t))
-
-
 def _layout_hash(name: str, t: Optional[torch.Tensor]) -> int:
     text = f"{name}|none" if t is None else f"{name}|{tuple(t.shape)}|{t.dtype}"
     return zlib.crc32(text.encode())
@@ -213,22 +123,51 @@ def _versions(column: list[int]) -> list[tuple[int, ...]]:
 
 
 def _max_abs_diff(t: torch.Tensor, group: Any, device: torch.device) -> float:
-    """Largest element difference across ranks: one all_reduce(MAX) of ``[x, -x]`` in float64."""
-    import torch.distributed as dist
+    """Largest element difference across ranks, in chunks of ``_DIFF_CHUNK`` elements.
 
-    x = t.detach()
-    if x.layout != torch.strided:
-        x = x.to_dense()
-    x = x.reshape(-1)
-    if x.is_complex():
-        x = torch.view_as_real(x).reshape(-1)
-    x = x.to(device=device, dtype=torch.float64)
-    both = torch.cat([x, -x])
-    dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
-    if x.numel() == 0:
-        return 0.0
-    hi, neg_lo = both[: x.numel()], both[x.numel():]
-    return float((hi + neg_lo).max())
+    Each chunk is one all_reduce(MAX) of ``[x, -x, isnan, -isnan]`` in float64 (4 MiB), so the
+    number of collectives depends only on the element count, which every rank shares. Returns NaN
+    when some ranks hold a NaN where others do not, and 0.0 when only the bits differ.
+    """
+    x = strided_real(t)
+    worst = torch.zeros((), dtype=torch.float64, device=device)
+    split_nan = torch.zeros((), dtype=torch.bool, device=device)
+    segments: list[torch.Tensor] = []
+    filled = 0
+
+    def reduce_chunk() -> None:
+        nonlocal worst, split_nan
+        import torch.distributed as dist
+
+        k = sum(s.numel() for s in segments)
+        payload = torch.empty(4 * k, dtype=torch.float64, device=device)
+        values, off = payload[:k], 0
+        for s in segments:
+            values[off:off + s.numel()].copy_(s)
+            off += s.numel()
+        nan = torch.isnan(values)
+        values.masked_fill_(nan, 0.0)
+        torch.neg(values, out=payload[k:2 * k])
+        payload[2 * k:3 * k].copy_(nan)
+        torch.neg(payload[2 * k:3 * k], out=payload[3 * k:])
+        dist.all_reduce(payload, op=dist.ReduceOp.MAX, group=group)
+        hi, neg_lo = payload[:k], payload[k:2 * k]
+        diff = torch.where(hi == -neg_lo, 0.0, hi + neg_lo)  # equal infinities differ by 0
+        worst = torch.maximum(worst, diff.max())
+        split_nan = split_nan | ((payload[2 * k:3 * k] > 0) & (payload[3 * k:] == 0)).any()
+
+    for piece in flat_pieces(x):
+        pos = 0
+        while pos < piece.numel():
+            take = min(_DIFF_CHUNK - filled, piece.numel() - pos)
+            segments.append(piece[pos:pos + take])
+            filled, pos = filled + take, pos + take
+            if filled == _DIFF_CHUNK:
+                reduce_chunk()
+                segments, filled = [], 0
+    if filled:
+        reduce_chunk()
+    return float("nan") if bool(split_nan) else float(worst)
 
 
 def _comm_device(group: Any, fallback: torch.device) -> torch.device:
@@ -297,7 +236,7 @@ def assert_in_sync(module: torch.nn.Module, *, grads: bool = False, buffers: boo
 
     shapes = torch.tensor([_layout_hash(n, t) for n, t in entries], dtype=torch.int64, device=device)
     zero = torch.zeros((), dtype=torch.int64, device=device)
-    values = torch.stack([zero] + [zero if t is None else _fingerprint_tensor(t).to(device)
+    values = torch.stack([zero] + [zero if t is None else fingerprint_tensor(t).to(device)
                                    for _, t in entries])[1:]
     fps = torch.stack([shapes, values], dim=1).reshape(-1)
     gathered = [torch.empty_like(fps) for _ in range(world)]

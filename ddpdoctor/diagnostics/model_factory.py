@@ -8,7 +8,8 @@ the bad value and the fix, never a traceback.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import torch
@@ -16,7 +17,8 @@ from torch import nn
 
 from ddpdoctor.check import Check, RankContext, Requirements
 from ddpdoctor.errors import UsageError
-from ddpdoctor.result import Outcome, format_ranks
+from ddpdoctor.diagnostics.batchnorm import revert_sync_batchnorm
+from ddpdoctor.result import Outcome, Status, count, format_ranks
 
 __all__ = ["ModelCheck", "TinyConvNet", "LoadedModel", "load_factory", "build_model", "parse_input_shape",
            "guess_input_shape", "load_model", "forward_loss", "rank_batch", "unused_parameters",
@@ -51,12 +53,14 @@ class LoadedModel:
         input_shape: the batch shape to feed it, or None when unknown.
         label: ``built-in TinyConvNet`` or the user's spec.
         builtin: True for the built-in model.
+        reverted: the SyncBatchNorm layers replaced by plain BatchNorm for a CPU run.
     """
 
     module: nn.Module
     input_shape: Optional[tuple[int, ...]]
     label: str
     builtin: bool
+    reverted: tuple[str, ...] = ()
 
 
 def load_factory(spec: str) -> Callable[[], Any]:
@@ -223,9 +227,13 @@ def ranks_that_failed(ok: bool, group: Any = None) -> list[int]:
 
     if not (dist.is_available() and dist.is_initialized()):
         return [] if ok else [0]
-    votes: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(votes, bool(ok), group=group)
-    return [rank for rank, vote in enumerate(votes) if not vote]
+    # a tensor, not all_gather_object: that needs numpy, which a CPU torch install lacks
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" \
+        else torch.device("cpu")
+    vote = torch.tensor([1 if ok else 0], dtype=torch.int64, device=device)
+    votes = [torch.empty_like(vote) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(votes, vote, group=group)
+    return [rank for rank, v in enumerate(votes) if not int(v)]
 
 
 def failed_elsewhere(ctx: Any, ranks: list[int], what: str) -> Any:
@@ -235,15 +243,40 @@ def failed_elsewhere(ctx: Any, ranks: list[int], what: str) -> Any:
                            "every node)", finding="model-failed-on-other-rank")
 
 
+SYNC_BN_CAUSE = "SyncBatchNorm needs GPU modules"
+SYNC_BN_HINT = ("run ddpdoctor check on GPUs to check SyncBatchNorm itself; to train on CPU (gloo), "
+                "use plain BatchNorm instead (ddpdoctor.sync_bn_stats(model) keeps its running "
+                "statistics equal across ranks): DDP on CPU raises 'SyncBatchNorm layers only work "
+                "with GPU modules'")
+
+
 def forward_failed(ctx: Any, exc: Exception, shape: Any, details: list[str],
                    data: dict[str, Any]) -> Any:
     """The FAIL outcome of a rank whose forward/backward on the model raised ``exc``."""
     if isinstance(exc, UsageError):
         return ctx.failed(exc.message, hint=exc.hint, finding=exc.reference, details=details, data=data)
+    if "SyncBatchNorm" in str(exc) and ("GPU" in str(exc) or "cuda" in str(exc).lower()):
+        return ctx.failed(f"{SYNC_BN_CAUSE}: {type(exc).__name__}: {exc}", hint=SYNC_BN_HINT,
+                          finding="sync-batchnorm-needs-gpu", details=details, data=data)
     return ctx.failed(f"forward/backward on input {shape} raised {type(exc).__name__}: {exc}",
                       hint="pass the batch shape your model takes with --input-shape, "
                            "e.g. --input-shape 8,3,32,32",
                       finding="model-forward-failed", details=details, data=data)
+
+
+def _note_reverted(ctx: Any, outcome: Outcome, reverted: Sequence[str]) -> Outcome:
+    """Say that the SyncBatchNorm layers ran as plain BatchNorm: a PASS becomes a WARN."""
+    layers = ", ".join(reverted[:4]) + (f" and {len(reverted) - 4} more" if len(reverted) > 4 else "")
+    note = (f"{SYNC_BN_CAUSE}: on CPU, {count(len(reverted), 'SyncBatchNorm layer')} ({layers}) "
+            "ran as plain BatchNorm")
+    details = outcome.details + (f"{note}; {SYNC_BN_HINT}",)
+    data = {**outcome.data, "sync_batchnorm_reverted": list(reverted)}
+    if outcome.status == Status.PASS:
+        return ctx.warned(f"{note}; otherwise {outcome.summary}", hint=SYNC_BN_HINT,
+                          finding="sync-batchnorm-needs-gpu", details=details, data=data)
+    if outcome.status == Status.SKIP:
+        return replace(outcome, summary=f"{outcome.summary} ({note})", data=data)
+    return replace(outcome, details=details, data=data)
 
 
 class ModelCheck(Check):
@@ -259,7 +292,9 @@ class ModelCheck(Check):
 
     @classmethod
     def prepare(cls, options: Mapping[str, Any]) -> None:
-        import torch._dynamo  # noqa: F401 - imported before ranks fork, so every rank inherits it
+        with warnings.catch_warnings():  # a CPU torch without numpy says so on this import
+            warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+            import torch._dynamo  # noqa: F401 - imported before ranks fork, so every rank inherits it
 
     def seed(self, rank: int) -> int:
         """The seed the model is built under on ``rank``."""
@@ -277,7 +312,11 @@ class ModelCheck(Check):
             elsewhere = ranks_that_failed(True)
             if elsewhere:
                 return failed_elsewhere(ctx, elsewhere, "build the model")
-            return self.run_model(ctx, loaded)
+            if ctx.device == "cpu":
+                loaded.module, reverted = revert_sync_batchnorm(loaded.module)
+                loaded.reverted = tuple(reverted)
+            outcome = self.run_model(ctx, loaded)
+            return _note_reverted(ctx, outcome, loaded.reverted) if loaded.reverted else outcome
 
     def run_model(self, ctx: RankContext, loaded: LoadedModel) -> Outcome:
         """Run the check on the loaded model (in train mode it is the caller's to set)."""
