@@ -24,7 +24,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from ddpdoctor.dist.gathering import _all_gather_single, gather  # noqa: E402
+from ddpdoctor.dist.gathering import gather  # noqa: E402
+
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 SIZES = {"small (256 rows x 16 float32, 16 KiB/rank)": 256, "small (1 Ki rows x 16 float32, 64 KiB/rank)": 1024,
          "large (1 Mi rows x 16 float32, 64 MiB/rank)": 1 << 20}

@@ -20,6 +20,8 @@ _LIBRARY = (
     "rank_zero_only", "print0", "rank_zero_print", "seed_everything", "broadcast_object", "ZeroFirstError",
     "BarrierTimeoutError", "gather", "all_gather", "gather_object", "gather_for_metrics", "collect_results",
     "reduce_dict", "all_reduce_mean", "CollectiveMismatchError", "load_checkpoint", "CheckpointError",
+    "worker_init_fn", "gather_all_tensors", "pad_across_processes", "reduce", "all_reduce_params",
+    "CollectiveTimeoutError", "DEFAULT_TIMEOUT",
 )
 _EXPORTS = {name: "ddpdoctor.dist" for name in _LIBRARY}
 _EXPORTS |= {

@@ -83,7 +83,7 @@ def test_world_of_one_returns_the_same_types(alone):
     assert reduce_dict({}) == {}
     mean = all_reduce_mean(torch.tensor([1, 2]))
     assert torch.equal(mean, torch.tensor([1.0, 2.0])) and mean.dtype == torch.float32
-    with pytest.raises(ValueError, match=r"gather\(dst=1\)"):
+    with pytest.raises(ValueError, match=r"gather\(\): dst=1 is not a rank"):
         gather(t, dst=1)
 
 
@@ -115,25 +115,23 @@ def _mismatches(rank, world):
 def test_mismatches_raise_the_same_clear_error_on_every_rank():
     results = run_world(_mismatches, 3, timeout=30)
     for rank, caught in enumerate(results):
-        assert caught[0] == ("CollectiveMismatchError: gather(): ranks disagree on ndim or dtype "
-                             "(rank 0: float32[2, 3], rank 1: float32[2], rank 2: float32[2, 3])")
-        assert caught[1] == ("CollectiveMismatchError: gather(): ranks disagree on ndim or dtype "
-                             "(rank 0: float32[2], rank 1: float32[2], rank 2: float64[2])")
-        assert caught[2] == ("CollectiveMismatchError: gather(): ranks disagree on shape beyond dim 0 "
-                             "(rank 0: float32[1, 4], rank 1: float32[1, 3], rank 2: float32[1, 3])")
-        assert caught[3] == "CollectiveMismatchError: gather(): ranks passed different dst: rank 0: 0, rank 1: 1, rank 2: 2"
-        assert caught.pop(4) == ("CollectiveMismatchError: gather(): rank(s) [1] passed a dst that is not a rank "
-                                 "of this world (0 to 2)")
-        if rank == 1:
-            assert caught[4].startswith("TypeError: gather_object(): this rank's function cannot be pickled")
-        else:
-            assert caught[4] == ("CollectiveMismatchError: gather_object(): rank(s) [1] failed before the "
-                                 "collective (see their tracebacks)")
-        assert caught[5] == ("CollectiveMismatchError: reduce_dict(): ranks passed different keys or sizes: "
-                             "rank 2 lacks 'acc'")
-        assert caught[6] == ("CollectiveMismatchError: all_reduce_mean(): ranks disagree on shape "
-                             "(rank 0: float32[2], rank 1: float32[3], rank 2: float32[4])")
-        assert caught[7] == [0, 1, 2]
+        assert caught[0] == ("CollectiveMismatchError: gather(): ranks disagree: rank 0: float32[2, 3]; "
+                             "rank 1: float32[2]; rank 2: float32[2, 3]")
+        assert caught[1] == ("CollectiveMismatchError: gather(): ranks disagree: rank 0: float32[2]; "
+                             "rank 1: float32[2]; rank 2: float64[2]")
+        assert caught[2] == ("CollectiveMismatchError: gather(): ranks disagree: rank 0: float32[1, 4]; "
+                             "rank 1: float32[1, 3]; rank 2: float32[1, 3]")
+        assert caught[3] == ("CollectiveMismatchError: gather(): ranks disagree: rank 0: float32[1] dst=0; "
+                             "rank 1: float32[1] dst=1; rank 2: float32[1] dst=2")
+        assert caught[4] == ("CollectiveMismatchError: gather(): bad input on rank(s) [1]: rank 1: ValueError: "
+                             "gather(): dst=7 is not a rank of this group (ranks 0 to 2); pass the same valid dst "
+                             "on every rank, or dst=None")
+        assert caught[5].startswith("CollectiveMismatchError: gather_object(): bad input on rank(s) [1]: rank 1: "
+                                    "TypeError: this rank's function cannot be pickled")
+        assert caught[6] == "CollectiveMismatchError: reduce_dict(): ranks disagree: acc missing on rank(s) [2]"
+        assert caught[7] == ("CollectiveMismatchError: all_reduce_mean(): ranks disagree: rank 0: mean of float32[2]; "
+                             "rank 1: mean of float32[3]; rank 2: mean of float32[4]")
+        assert caught[8] == [0, 1, 2]
 
 
 def _large(rank, world, broadcast):
@@ -178,7 +176,8 @@ def test_reduce_dict_and_all_reduce_mean_are_valid_on_every_rank():
         assert avg.keys() == {"loss", "count", "vec", "half"}
         assert torch.equal(avg["loss"], torch.tensor(2.0))
         assert avg["count"] == 2.0 and isinstance(avg["count"], float)
-        assert torch.equal(avg["vec"], torch.tensor([1.0, 2.0])) and avg["vec"].dtype == torch.float32
+        # An integer tensor keeps its dtype, as mmengine's all_reduce(op="mean"): 1 and 2 exactly here.
+        assert torch.equal(avg["vec"], torch.tensor([1, 2])) and avg["vec"].dtype == torch.int64
         assert avg["half"].dtype == torch.float16 and avg["half"].item() == 1.0
         assert torch.equal(total["loss"], torch.tensor(6.0))
         assert total["count"] == 6 and isinstance(total["count"], int)
@@ -282,7 +281,9 @@ def _drop_last_warning(rank, world):
 @pytest.mark.timeout(60)
 def test_gather_for_metrics_reports_wrong_lengths_on_every_rank_and_warns_about_drop_last():
     assert run_world(_short_values, 2, timeout=30) == [
-        "gather_for_metrics(): rank 1 has 3 results but its sampler yielded 4 indices"] * 2
+        "gather_for_metrics(): bad input on rank(s) [1]: rank 1: ValueError: 3 results but the sampler yielded 4 "
+        "indices; pass one result per sample in sampler order (DataLoader(drop_last=False), the same sampler "
+        "epoch)"] * 2
     assert run_world(_drop_last_warning, 2, timeout=30) == [
         ["gather_for_metrics: the sampler never yielded 1 of 7 samples (drop_last=True?); evaluate with "
          "DistributedSampler(drop_last=False), the padding is removed here"], []]

@@ -57,3 +57,26 @@ def test_every_rank_loads_to_its_cpu(tmp_path):
     path = tmp_path / "ckpt.pt"
     torch.save({"w": torch.tensor([1.5, 2.5])}, path)
     assert run_world(_load_everywhere, 2, str(path), timeout=30) == [("cpu", [1.5, 2.5])] * 2
+
+
+@pytest.mark.timeout(30)
+def test_unreadable_files_name_the_file_the_rank_and_the_fix(tmp_path):
+    # The failures people hit with torch.load on every rank: a truncated copy, a file that is not a
+    # checkpoint, a directory (a sharded checkpoint) instead of a file.
+    good = tmp_path / "good.pt"
+    torch.save({"w": torch.arange(1000.0)}, good)
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(good.read_bytes()[:500])
+    text = tmp_path / "notes.pt"
+    text.write_text("not a checkpoint")
+    for path in (cut, text):
+        for weights_only in (True, False):
+            with pytest.raises(CheckpointError) as info:
+                load_checkpoint(path, weights_only=weights_only)
+            assert info.value.reference == "checkpoint-corrupt", info.value.one_line()
+            assert info.value.message.startswith(f"rank 0 could not ") and repr(str(path)) in info.value.message
+            assert "written completely" in info.value.hint
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(tmp_path)
+    assert info.value.reference == "checkpoint-is-directory"
+    assert info.value.message == f"rank 0: {str(tmp_path)!r} is a directory, not a checkpoint file"

@@ -3,6 +3,12 @@
 Read by ``ddpdoctor explain`` and by the runner. Entries are matched against the real message texts of
 PyTorch, gloo and NCCL; the first entry in table order that matches a line wins, so the most specific
 entries come first.
+
+Patterns must not backtrack (explain reads logs of any size, one line at a time, lines cut to a few
+KB): no ``.*`` after a prefix that can repeat on one line unless anchored at its first occurrence
+(``^(?:(?!PREFIX).)*PREFIX.*...``), no unbounded class that can restart at every position
+(a "[^]]*" inside brackets that can repeat: exclude the opening bracket too), bounded gaps (``.{0,200}?``).
+tests/test_hostile.py times every pattern on adversarial lines built from its own fragments.
 """
 
 from __future__ import annotations
@@ -315,8 +321,10 @@ CAUSES: tuple = (
           "pick a free port (torchrun --master-port 0 / --standalone, or export MASTER_PORT) or stop the "
           "process that holds it"),
     Cause("gloo-connect-full-mesh", "gloo could not connect the ranks to each other",
-          (r"Gloo connectFullMesh failed", r"gloo/transport/tcp/pair\.cc.*(Connect timeout|ECONNREFUSED|Connection refused|"
-           r"connect .* failed)"),
+          (r"Gloo connectFullMesh failed",
+           # Anchored at the line's first pair.cc and a bounded gap: no backtracking on long lines.
+           r"^(?:(?!gloo/transport/tcp/pair\.cc).)*gloo/transport/tcp/pair\.cc.*(?:Connect timeout|ECONNREFUSED|"
+           r"Connection refused|connect .{0,200}? failed)"),
           "The store worked but gloo's rank-to-rank TCP connections failed. On a multi-node job this is "
           "usually a hostname that resolves to a loopback address (127.0.1.1 in /etc/hosts), so peers "
           "are told to connect to themselves; or a firewall between nodes; or the wrong interface.",
@@ -340,7 +348,7 @@ CAUSES: tuple = (
           "with the same --nnodes/--nproc-per-node"),
     Cause("nccl-watchdog-timeout", "NCCL watchdog timeout",
           (r"Watchdog caught collective operation timeout", r"ProcessGroupNCCL's watchdog",
-           r"WorkNCCL\(SeqNum=\d+.*ran for \d+ milliseconds before timing out"),
+           r"^(?:(?!WorkNCCL\(SeqNum=).)*WorkNCCL\(SeqNum=\d+.*ran for \d+ milliseconds before timing out"),
           "A collective did not complete within the process group timeout (10 minutes by default). "
           "Almost always one rank is somewhere else (stuck in data loading, a different collective, "
           "an exception swallowed, or dead) and the others wait for it; the rank named in the message "
@@ -411,7 +419,7 @@ CAUSES: tuple = (
           "on CPU keep plain BatchNorm (skip nn.SyncBatchNorm.convert_sync_batchnorm), or move the model "
           "to GPUs with the nccl backend"),
     Cause("cuda-oom-gpu0", "CUDA out of memory on GPU 0",
-          (r"CUDA out of memory\..*GPU 0 ", r"CUDA out of memory\..*GPU 0;"),
+          (r"^(?:(?!CUDA out of memory\.).)*CUDA out of memory\..*GPU 0[ ;]",),
           "Every rank allocating on GPU 0 fills it: tensors created with device='cuda' before "
           "set_device, or torch.load of a checkpoint saved on cuda:0 without map_location.",
           "ddpdoctor check --only process-group (memory held on a GPU that is not the rank's own)",
@@ -429,7 +437,7 @@ CAUSES: tuple = (
            r"died with <Signals\.(SIG[A-Z0-9]+): \d+>",
            r"exitcode\s*:\s*-(\d+) \(pid",
            r"failed \(exitcode: -(\d+)\)", r"exits with return code = -(\d+)",
-           r"(SIG[A-Z]+) received by PID \d+"),
+           r"\b(SIG[A-Z0-9]{1,12}) received by PID \d+"),
           "A rank process ended by a signal, not an exception.",
           "dmesg | grep -i -e oom -e killed (SIGKILL); ddpdoctor check --only env (memory, /dev/shm)",
           "find who sent the signal: SIGKILL is often the kernel's OOM killer (dmesg | grep -i oom)"),

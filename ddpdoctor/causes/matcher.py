@@ -10,13 +10,15 @@ from __future__ import annotations
 import re
 import signal
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from ddpdoctor.causes.catalogue import CAUSES, Cause
 from ddpdoctor.causes.evidence import refine
+from ddpdoctor.system.redact import safe_text
 from ddpdoctor.system.signals import signal_hint
 
-__all__ = ["Match", "explain_text", "first_failure", "ranks_of_lines"]
+__all__ = ["Match", "explain_text", "first_failure", "ranks_of_lines", "LogScanner", "ScanResult", "scan_text",
+           "LINE_CAP"]
 
 @dataclass
 class Match:
@@ -69,7 +71,7 @@ _PREFIX = re.compile(r"^\s*\[(?:rank|default|Rank )(\d+)\]:?")
 
 
 
-_NCCL_RANK = re.compile(r"\[(?:PG [^\]]*)?Rank (\d+)\]")
+_NCCL_RANK = re.compile(r"\[(?:PG [^\][\n]*)?Rank (\d+)\]")  # no "[" inside: linear
 
 
 
@@ -161,36 +163,6 @@ def _first_hit(line: str, table: list, rank: Optional[int] = None):
 
 
 
-def explain_text(text: str, causes: Iterable[Cause] = CAUSES) -> list:
-    """Every known cause in ``text``, in table order, with the ranks that reported it.
-
-    One cause per line: the most specific (earliest in the table) wins.
-    """
-    lines = text.splitlines()
-    found: dict = {}
-    table = [(c, c.compiled()) for c in causes]
-    for line, rank in zip(lines, ranks_of_lines(lines)):
-        cause, m = _first_hit(line, table, rank)
-        if cause is None:
-            continue
-        match = found.setdefault(cause.id, Match(cause))
-        match.count += 1
-        if not match.evidence:
-            match.evidence = _PREFIX.sub("", line).strip()[:240]
-            match.groups = {k: v for k, v in m.groupdict().items() if v is not None}
-        if rank is not None:
-            match.ranks.add(rank)
-        if cause.id == "killed-by-signal" and not match.extra:
-            match.extra = f"{_signal_name(m)}."
-        if cause.id == "gloo-connect-full-mesh" and _LOOPBACK.search(line):
-            match.extra = ("The address in the message is a loopback address: on a multi-node job this "
-                           "node's hostname resolves to loopback, so the other nodes cannot reach it.")
-    refine(lines, found, {c.id: c for c, _ in table}, Match)  # counts, settings, versions; generic vs specific
-    if "port-in-use" in found and "rendezvous-unreachable" in found:
-        # EADDRINUSE on the master makes the others time out: the timeout is a consequence.
-        found["rendezvous-unreachable"].extra = "Here most likely because the master could not listen (port-in-use)."
-    return [found[c.id] for c, _ in table if c.id in found]
-
 
 
 _ROOT = re.compile(r"Root Cause \(first observed failure\)")
@@ -238,43 +210,387 @@ def _spawn_failure(lines: Sequence[str]) -> Optional[str]:
 
 
 def first_failure(text: str) -> Optional[str]:
-    """The launcher's root cause in one line: torchrun's ``rank 1 exited with code 1: RuntimeError: boom
-    (train.py:22)``, or mp.spawn's ``process 1 of mp.spawn raised RuntimeError: boom at train (train.py:22)``.
+    """torchrun's root cause in one line: ``rank 1 exited with code 1: RuntimeError: boom (train.py:22)``.
 
-    Returns None when the text has no torchrun failure summary and no mp.spawn report.
+    Returns None when the text has no torchrun failure summary.
     """
-    lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if _ROOT.search(line)), None)
-    if start is None:
-        return _spawn_failure(lines)
-    rank = code = None
-    for line in lines[start:start + 12]:
-        r, c = _SUMMARY_RANK.match(line), _EXITCODE.match(line)
-        if r and rank is None:
-            rank = int(r.group(1))
-        if c and code is None:
-            code = int(c.group(1))
-    if rank is None or code is None:
-        return None
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"rank {rank} was killed by {name}"
-    exc, where = "", ""
-    for line, lr in zip(lines, ranks_of_lines(lines)):
-        if lr != rank:
-            continue
+    return scan_text(text).first_failure
+
+
+LINE_CAP = 8192
+"""Longest line matched whole; a longer line is matched on its first and last LINE_CAP // 2 characters."""
+
+_HALF = LINE_CAP // 2
+_LOOKBACK_LINES = 32  # how far back a line without a rank prefix looks for torchrun's "rank : N"
+_LOOKBACK_CHARS = 4096
+_MAX_RANKS = 65536  # ranks whose last exception and frame are remembered for first_failure
+_MAX_KEPT = 20000
+EVIDENCE_WHOLE_CHARS = 2 << 20
+"""Up to this size the evidence pass reads every line; beyond, only the candidate lines (bounded memory)."""
+_ROOT_WINDOW = 12  # lines of torchrun's Root Cause block read for the rank and the exit code
+# Lines that matter to first_failure besides the catalogue's: exceptions, traceback frames, Root Cause.
+_EXTRA_TRIGGERS = ("Error", "Exception", "Interrupt", 'File "', "Root Cause (first observed failure)",
+                   "terminated with")
+
+
+@dataclass
+class ScanResult:
+    """What one pass over a text found: the causes, torchrun's first failure, and what was cut."""
+
+    matches: list
+    first_failure: Optional[str]
+    cut_lines: int = 0
+    chars: int = 0
+    kept: list = field(default_factory=list)  # the candidate lines (at most 20,000), for --here
+    evidence_partial: bool = False  # the text was too long for the evidence pass to read every line
+
+
+class LogScanner:
+    """Find the catalogue's causes in a log fed in pieces: linear time, bounded memory.
+
+    Feed any split of the text to :meth:`feed` (a 1 GB log in 1 MB pieces), then call :meth:`finish`.
+    Only what the answer needs is kept: the matches, the last exception and frame of each rank, torchrun's
+    Root Cause block, and the end of the previous piece (for the rank of a summary line). A line longer
+    than :data:`LINE_CAP` is matched on its head and tail (counted in ``cut_lines``).
+
+    How it stays fast: every catalogue pattern needs some literal text (``EADDRINUSE``, ``Watchdog caught``),
+    found from the pattern itself; ``str.find`` of those literals finds the few candidate lines in each
+    piece (GB/s), and only those lines go through the patterns, in table order, exactly as a
+    line-by-line pass would. A pattern with no such literal is searched whole (slower, still linear).
+    """
+
+    def __init__(self, causes: Iterable[Cause] = CAUSES) -> None:
+        causes = tuple(causes)
+        self._table = [(c, c.compiled()) for c in causes]
+        self._literals, self._fallback = _triggers(causes)
+        # per pattern, the literals one of which it needs: a candidate line skips the patterns it cannot match
+        self._flat = [(c, rx) for c, rxs in self._table for rx in rxs]  # table order
+        self._always: list = []  # patterns with no literal: tried on every candidate line
+        self._by_literal: dict = {lit: [] for lit in self._literals}
+        for i, (_, rx) in enumerate(self._flat):
+            need = _covering(self._literals, _TRIGGER_CACHE["needs"].get(rx.pattern))
+            for lit in need if need is not None else ():
+                self._by_literal[lit].append(i)
+            if need is None:
+                self._always.append(i)
+        self._found: dict = {}
+        self._head = ""
+        self._tail = ""
+        self._cut = False
+        self._prev = ""
+        self._root: Optional[list] = None
+        self._root_need = 0
+        self._per_rank: dict = {}
+        self._spawn_rank: Optional[int] = None
+        self._spawn_line: Optional[int] = None
+        self._kept: list = []  # candidate lines, for the evidence pass when streaming
+        # every line while the text is at most EVIDENCE_WHOLE_CHARS (the evidence pass reads them all)
+        self._all: Optional[list] = []
+        self.evidence_partial = False
+        self.cut_lines = 0
+        self.chars = 0
+
+    def feed(self, chunk: str) -> None:
+        """Scan the next piece of the text (it may end in the middle of a line)."""
+        if not chunk:
+            return
+        self.chars += len(chunk)
+        if "\r" in chunk:  # progress bars: each \r starts a new line, as str.splitlines would say
+            chunk = chunk.replace("\r\n", "\n").replace("\r", "\n")
+        first = chunk.find("\n")
+        if first == -1:
+            self._extend(chunk)
+            return
+        start = 0
+        if self._head:
+            self._extend(chunk[:first])
+            line, cut = self._take()
+            self._block(line + "\n", cut)
+            start = first + 1
+        last = chunk.rfind("\n")
+        if last >= start:
+            self._block(chunk if start == 0 and last == len(chunk) - 1 else chunk[start:last + 1])
+        self._extend(chunk[last + 1:])
+
+    def finish(self, lines: Optional[Sequence[str]] = None) -> ScanResult:
+        """The causes found (table order) and torchrun's first failure; call once, after the last piece.
+
+        ``lines``: the whole text's lines when the caller holds them (the evidence pass reads them all);
+        else the evidence pass reads the candidate lines kept while streaming (at most 20,000).
+        """
+        if self._head:
+            line, cut = self._take()
+            self._block(line + "\n", cut)
+        found = self._found
+        if lines is None:
+            lines = self._all if self._all is not None else self._kept
+        refine(lines, found, {c.id: c for c, _ in self._table}, Match)
+        if "port-in-use" in found and "rendezvous-unreachable" in found:
+            # EADDRINUSE on the master makes the others time out: the timeout is a consequence.
+            found["rendezvous-unreachable"].extra = "Here most likely because the master could not listen (port-in-use)."
+        matches = [found[c.id] for c, _ in self._table if c.id in found]
+        return ScanResult(matches, self._first_failure(), self.cut_lines, self.chars,
+                          self._all if self._all is not None else self._kept, self.evidence_partial)
+
+    # -- the partial last line of the pieces so far: its head and tail only ------------------------
+    def _extend(self, piece: str) -> None:
+        if not piece:
+            return
+        if not self._cut and len(self._head) + len(piece) <= LINE_CAP:
+            self._head += piece
+            return
+        if not self._cut:
+            whole = self._head + piece
+            self._head, self._tail, self._cut = whole[:_HALF], whole[-_HALF:], True
+        else:
+            self._tail = (self._tail + piece[-_HALF:])[-_HALF:]
+
+    def _take(self) -> tuple:
+        line = f"{self._head} {self._tail}" if self._cut else self._head
+        cut = self._cut
+        self._head, self._tail, self._cut = "", "", False
+        return line, cut
+
+    # -- complete lines --------------------------------------------------------------------------
+    def _block(self, block: str, cut: bool = False) -> None:
+        """Scan ``block``: whole lines, each ending with a newline."""
+        if self._root_need:
+            parts = block.split("\n", self._root_need)
+            take = parts[:self._root_need] if len(parts) > self._root_need else parts[:-1]
+            self._root.extend(_capped(x) for x in take)  # type: ignore[union-attr]
+            self._root_need -= len(take)
+        if cut:
+            self.cut_lines += 1
+        if self._all is not None:
+            if self.chars <= EVIDENCE_WHOLE_CHARS:
+                self._all.extend(block.split("\n")[:-1])
+            else:
+                self._all, self.evidence_partial = None, True
+        # str.find is the fastest search Python has (GBs per second); a regex alternation is 10-100x slower.
+        found = set()
+        find, rfind = block.find, block.rfind
+        for literal in self._literals:
+            i = find(literal)
+            while i != -1:
+                found.add(rfind("\n", 0, i) + 1)
+                i = find(literal, find("\n", i) + 1)
+        for rx in self._fallback:  # patterns without a literal to search for: run whole (none today)
+            m = rx.search(block)
+            while m is not None:
+                found.add(rfind("\n", 0, m.start()) + 1)
+                m = rx.search(block, find("\n", m.start()) + 1)
+        starts = sorted(found)
+        for ls in starts:
+            line = block[ls:block.find("\n", ls)]
+            if len(line) > LINE_CAP and not cut:
+                self.cut_lines += 1
+            self._line(_capped(line), block, ls)
+        self._prev = (self._prev + block[-_LOOKBACK_CHARS:])[-_LOOKBACK_CHARS:]
+
+    def _line(self, line: str, block: str, ls: int) -> None:
+        if len(self._kept) < _MAX_KEPT:
+            self._kept.append(line)
+        m = _PREFIX.match(line)
+        sp = _SPAWN_BLOCK.match(line)
+        if m:
+            rank: Optional[int] = int(m.group(1))
+        elif sp:  # mp.spawn's report: the child's traceback after it belongs to that process index
+            rank = self._spawn_rank = int(sp.group(1))
+        elif self._spawn_rank is not None:
+            rank = self._spawn_rank
+            if line and not line[0].isspace() and not line.startswith(("Traceback", "The above exception",
+                                                                          "During handling")):
+                self._spawn_rank = None  # the child's exception line ends its traceback
+        else:
+            n = _NCCL_RANK.search(line)
+            ex = _SPAWN_EXITED.search(line)
+            rank = int(n.group(1)) if n else (int(ex.group(1)) if ex else self._summary_rank(line, block, ls))
+        if self._spawn_line is None and (sp or _SPAWN_EXITED.search(line)):
+            self._spawn_line = len(self._kept) - 1
+        cause, hit = self._first_hit(line, rank)
+        if cause is not None:
+            match = self._found.setdefault(cause.id, Match(cause))
+            match.count += 1
+            if not match.evidence:
+                match.evidence = safe_text(_PREFIX.sub("", line).strip()[:240])
+                match.groups = {k: v for k, v in hit.groupdict().items() if v is not None}
+            if rank is not None:
+                match.ranks.add(rank)
+            if cause.id == "killed-by-signal" and not match.extra:
+                match.extra = f"{_signal_name(hit)}."
+            if cause.id == "gloo-connect-full-mesh" and _LOOPBACK.search(line):
+                match.extra = ("The address in the message is a loopback address: on a multi-node job this "
+                               "node's hostname resolves to loopback, so the other nodes cannot reach it.")
+        if self._root is None and _ROOT.search(line):
+            parts = block[ls:].split("\n", _ROOT_WINDOW)
+            self._root = [_capped(x) for x in (parts[:_ROOT_WINDOW] if len(parts) > _ROOT_WINDOW else parts[:-1])]
+            self._root_need = _ROOT_WINDOW - len(self._root)
+        if rank is None or (rank not in self._per_rank and len(self._per_rank) >= _MAX_RANKS):
+            return
         body = _PREFIX.sub("", line).strip()
         f = _TB_FRAME.search(body)
         if f and "/site-packages/" not in f.group("file") and "/lib/python" not in f.group("file"):
             where = f"{f.group('func')} ({'/'.join(f.group('file').split('/')[-2:])}:{f.group('line')})"
+            self._per_rank.setdefault(rank, ["", ""])[1] = where
         elif _EXC_LINE.match(body) and not body.startswith("Traceback"):
-            exc = body if len(body) <= 160 else body[:157] + "..."
-    text_out = f"rank {rank} exited with code {code}"
-    if exc:
-        text_out += f": {exc}"
-    if where:
-        text_out += f" at {where}"
-    return text_out
+            self._per_rank.setdefault(rank, ["", ""])[0] = body if len(body) <= 160 else body[:157] + "..."
+
+    def _first_hit(self, line: str, rank: Optional[int] = None) -> tuple:
+        """:func:`_first_hit`, skipping the patterns whose literals are not in the line."""
+        plausible = set(self._always)
+        for lit, indices in self._by_literal.items():
+            if indices and lit in line:
+                plausible.update(indices)
+        for i in sorted(plausible):
+            cause, rx = self._flat[i]
+            if cause.from_ranks and rank is None:
+                continue
+            m = rx.search(line)
+            if m and not (cause.id == "killed-by-signal" and _signal_name(m) in _STOP_SIGNALS):
+                return cause, m
+        return None, None
+
+    def _summary_rank(self, line: str, block: str, ls: int) -> Optional[int]:
+        """The rank torchrun's summary gives this line: the nearest ``rank : N`` above, within a window."""
+        back = block[max(0, ls - _LOOKBACK_CHARS):ls]
+        if ls < _LOOKBACK_CHARS:
+            back = self._prev + back
+        above = back.split("\n")[:-1]
+        if len(above) > _LOOKBACK_LINES:
+            above = above[-_LOOKBACK_LINES:]
+        elif len(back) >= _LOOKBACK_CHARS and above:
+            above = above[1:]  # the first piece may be the end of a longer line
+        for candidate in [line] + above[::-1]:
+            if candidate is not line and _PREFIX.match(candidate):
+                continue
+            s = _SUMMARY_RANK.match(candidate)
+            if s:
+                return int(s.group(1))
+            if _SUMMARY_END.match(candidate):
+                return None
+        return None
+
+    def _first_failure(self) -> Optional[str]:
+        if self._root is None:
+            if self._spawn_line is not None:
+                return _spawn_failure(self._kept[self._spawn_line:])
+            return None
+        rank = code = None
+        for line in self._root:
+            r, c = _SUMMARY_RANK.match(line), _EXITCODE.match(line)
+            if r and rank is None:
+                rank = int(r.group(1))
+            if c and code is None:
+                code = int(c.group(1))
+        if rank is None or code is None:
+            return None
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f"rank {rank} was killed by {name}"
+        exc, where = self._per_rank.get(rank, ("", ""))
+        text_out = f"rank {rank} exited with code {code}"
+        if exc:
+            text_out += f": {safe_text(exc)}"
+        if where:
+            text_out += f" at {safe_text(where)}"
+        return text_out
+
+
+def _capped(line: str) -> str:
+    return line if len(line) <= LINE_CAP else f"{line[:_HALF]} {line[-_HALF:]}"
+
+
+def _required_literals(items: Any) -> Optional[list]:
+    """Literals one of which every match of the parsed regex ``items`` contains (None: no such set)."""
+    best: Optional[list] = None
+    run: list = []
+
+    def consider(options: Optional[list]) -> None:
+        nonlocal best
+        if options and (best is None or _quality(options) > _quality(best)):
+            best = options
+
+    for op, av in list(items):
+        name = str(op)
+        if name == "LITERAL":
+            run.append(chr(av))
+            continue
+        consider(["".join(run)] if run else None)
+        run = []
+        if name == "SUBPATTERN":
+            consider(_required_literals(av[-1]))
+        elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT") and av[0] >= 1:
+            consider(_required_literals(av[2]))
+        elif name == "ATOMIC_GROUP":
+            consider(_required_literals(av))
+        elif name == "BRANCH":
+            options: Optional[list] = []
+            for branch in av[1]:
+                sub = _required_literals(branch)
+                if sub is None:
+                    options = None
+                    break
+                options.extend(sub)  # type: ignore[union-attr]
+            consider(options)
+    consider(["".join(run)] if run else None)
+    return best
+
+
+def _covering(literals: tuple, options: Optional[tuple]) -> Optional[frozenset]:
+    """The searched literals that find a pattern needing one of ``options`` (None: run it on every line)."""
+    if options is None:
+        return None
+    return frozenset(lit for lit in literals if any(lit in o for o in options))
+
+
+def _quality(options: list) -> tuple:
+    """Longer literals find fewer false candidates; fewer alternatives mean fewer searches."""
+    return (min(min(len(o), 12) for o in options), -len(options))
+
+
+_TRIGGER_CACHE: dict = {}
+
+
+def _triggers(causes: tuple) -> tuple:
+    """(the literals that every candidate line contains one of, patterns with no such literal)."""
+    key = tuple((c.id, c.patterns) for c in causes)
+    if key in _TRIGGER_CACHE:
+        return _TRIGGER_CACHE[key]
+    try:
+        from re import _parser as sre_parse  # type: ignore[attr-defined]
+    except ImportError:  # Python < 3.11
+        import sre_parse  # type: ignore[no-redef]
+    literals = set(_EXTRA_TRIGGERS)
+    fallback = []
+    needs = _TRIGGER_CACHE.setdefault("needs", {})
+    for cause in causes:
+        for pattern in cause.patterns:
+            rx = re.compile(pattern)
+            options = None if rx.flags & re.IGNORECASE else _required_literals(sre_parse.parse(pattern))
+            if options and all(len(o) >= 3 for o in options):
+                literals.update(options)
+                needs[pattern] = tuple(options)
+            else:
+                fallback.append(re.compile(pattern, re.MULTILINE))
+    # a literal that contains another is redundant: the shorter one finds its lines too
+    kept = tuple(sorted(x for x in literals if not any(y != x and y in x for y in literals)))
+    _TRIGGER_CACHE[key] = (kept, tuple(fallback))
+    return _TRIGGER_CACHE[key]
+
+
+def scan_text(text: str, causes: Iterable[Cause] = CAUSES) -> ScanResult:
+    """One pass over a whole text (see :class:`LogScanner` for pieces); the evidence pass reads every line."""
+    scanner = LogScanner(causes)
+    scanner.feed(text)
+    return scanner.finish(text.splitlines())
+
+
+def explain_text(text: str, causes: Iterable[Cause] = CAUSES) -> list:
+    """Every known cause in ``text``, in table order, with the ranks that reported it.
+
+    One cause per line: the most specific (earliest in the table) wins. Streaming: :class:`LogScanner`.
+    """
+    return scan_text(text, causes).matches

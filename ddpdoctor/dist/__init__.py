@@ -10,12 +10,14 @@ May import: ``ddpdoctor.system`` and the shared bottom (``errors``, ``exitcodes`
 
 from __future__ import annotations
 
-from ddpdoctor.dist.gathering import (CollectiveMismatchError, all_gather, all_reduce_mean, collect_results, gather,
-                                      gather_for_metrics, gather_object, reduce_dict)
+from ddpdoctor.dist.agreement import DEFAULT_TIMEOUT, CollectiveMismatchError, CollectiveTimeoutError
+from ddpdoctor.dist.gathering import (all_gather, all_reduce_mean, all_reduce_params, broadcast_object,
+                                      collect_results, gather, gather_all_tensors, gather_for_metrics, gather_object,
+                                      pad_across_processes, reduce, reduce_dict)
 from ddpdoctor.dist.loading import CheckpointError, load_checkpoint
-from ddpdoctor.dist.ordering import (BarrierTimeoutError, ZeroFirstError, barrier, broadcast_object,
-                                     main_process_first, print0, rank_zero_first, rank_zero_only, rank_zero_print,
-                                     seed_everything, synchronize, wait_for_everyone, zero_first)
+from ddpdoctor.dist.ordering import (BarrierTimeoutError, ZeroFirstError, barrier, main_process_first, print0,
+                                     rank_zero_first, rank_zero_only, rank_zero_print, seed_everything, synchronize,
+                                     wait_for_everyone, worker_init_fn, zero_first)
 from ddpdoctor.dist.ranks import (NotInitializedError, RankConflictWarning, RankInfo, get_local_rank,
                                   get_local_world_size, get_node_rank, get_rank, get_world_size, is_distributed,
                                   is_main_process, rank_device, rank_info)
@@ -27,11 +29,12 @@ __all__ = [
     "NotInitializedError",
     # coordination
     "barrier", "wait_for_everyone", "synchronize", "zero_first", "main_process_first", "rank_zero_first",
-    "rank_zero_only", "print0", "rank_zero_print", "seed_everything", "broadcast_object",
+    "rank_zero_only", "print0", "rank_zero_print", "seed_everything", "worker_init_fn",
     "ZeroFirstError", "BarrierTimeoutError",
-    # gathering
-    "gather", "all_gather", "gather_object", "gather_for_metrics", "collect_results", "reduce_dict",
-    "all_reduce_mean", "CollectiveMismatchError",
+    # gathering and reductions (each takes group= and timeout=)
+    "gather", "all_gather", "gather_object", "gather_all_tensors", "broadcast_object", "gather_for_metrics",
+    "collect_results", "pad_across_processes", "reduce", "reduce_dict", "all_reduce_mean", "all_reduce_params",
+    "CollectiveMismatchError", "CollectiveTimeoutError", "DEFAULT_TIMEOUT",
     # loading
     "load_checkpoint", "CheckpointError",
 ]

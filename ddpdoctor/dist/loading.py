@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import zipfile
 from typing import Any, Callable, Mapping, Union
 
 import torch
@@ -68,17 +69,49 @@ def load_checkpoint(path: Union[str, os.PathLike], *, map_location: MapLocation 
             (naming the file and the fix).
     """
     location = _resolve(map_location)
+    name, rank = os.fspath(path), get_rank()
+    if os.path.isdir(path):
+        raise CheckpointError("checkpoint-is-directory", f"rank {rank}: {name!r} is a directory, not a checkpoint file",
+                              "pass the file inside it (e.g. model.pt), or load sharded checkpoints with "
+                              "torch.distributed.checkpoint")
     if not os.path.isfile(path):
-        raise CheckpointError("checkpoint-missing", f"rank {get_rank()} found no checkpoint file at {os.fspath(path)!r}",
+        raise CheckpointError("checkpoint-missing", f"rank {rank} found no checkpoint file at {name!r}",
                               "check the path and that the file system is shared by every node")
     try:
         return torch.load(path, map_location=location, weights_only=weights_only)
     except pickle.UnpicklingError as exc:
-        if not weights_only:
-            raise
+        if not weights_only or not zipfile.is_zipfile(path):  # not a torch.save archive: cut short or another file
+            raise CheckpointError("checkpoint-corrupt", f"rank {rank} could not unpickle {name!r}: "
+                                  f"{_first_line(exc)}", "check that the file was written completely "
+                                  "(torch.save finished on the saving rank) and is not truncated") from exc
         raise CheckpointError(
             "checkpoint-not-weights-only",
-            f"{os.fspath(path)!r} holds objects that weights_only=True refuses: {str(exc).splitlines()[0]}",
+            f"rank {rank}: {name!r} holds objects that weights_only=True refuses: {_refused(exc)}",
             "allow the class with torch.serialization.add_safe_globals([...]), or pass weights_only=False "
             "only if you trust the file",
         ) from exc
+    except PermissionError as exc:
+        raise CheckpointError("checkpoint-unreadable", f"rank {rank} may not read {name!r}: {exc.strerror}",
+                              "fix the file's permissions for the user every rank runs as") from exc
+    except (RuntimeError, EOFError, OSError, ValueError) as exc:
+        text = _first_line(exc)
+        if "cuda" in text.lower() and "deserialize" in text.lower():
+            raise CheckpointError("checkpoint-cuda-on-cpu", f"rank {rank}: {name!r} holds CUDA tensors but this "
+                                  f"rank has no usable GPU ({text})", "pass map_location=None (the CPU, the default) "
+                                  "or map_location='rank'") from exc
+        raise CheckpointError("checkpoint-corrupt", f"rank {rank} could not read {name!r} as a checkpoint "
+                              f"({type(exc).__name__}: {text})", "check that the file was written completely "
+                              "(torch.save finished, the copy was not cut short) and that it is a torch.save file"
+                              ) from exc
+
+
+def _refused(exc: BaseException) -> str:
+    for line in str(exc).splitlines():
+        if "Unsupported global" in line or "GLOBAL" in line:
+            return line.strip()[:300]
+    return _first_line(exc)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:300] if lines else type(exc).__name__

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import datetime
 import functools
-import itertools
 import logging
+import math
+import numbers
+import os
 import random
 import time
 from typing import Any, Callable, Iterator, Optional, TypeVar
@@ -20,7 +23,9 @@ from typing import Any, Callable, Iterator, Optional, TypeVar
 import torch
 import torch.distributed as dist
 
-from ddpdoctor.dist.ranks import (get_local_rank, get_node_rank, get_rank, get_world_size, rank_device,
+from ddpdoctor.dist.agreement import DEFAULT_TIMEOUT, check_timeout, group_ranks, group_state
+from ddpdoctor.dist.gathering import broadcast_object
+from ddpdoctor.dist.ranks import (get_local_rank, get_local_world_size, get_node_rank, get_rank, get_world_size,
                                   require_process_group)
 from ddpdoctor.errors import DdpdoctorError
 
@@ -37,7 +42,7 @@ __all__ = [
     "print0",
     "rank_zero_print",
     "seed_everything",
-    "broadcast_object",
+    "worker_init_fn",
 ]
 
 logger = logging.getLogger(__name__)
@@ -46,7 +51,7 @@ logger = logging.getLogger(__name__)
 ZERO_FIRST_TIMEOUT = 4 * 3600.0
 _POLL_START, _POLL_MAX = 0.005, 0.25
 _KEY_PREFIX = "ddpdoctor/"
-_calls = itertools.count()  # every rank enters zero_first/barrier in the same order, so keys match
+_POISON = 1 << 32  # added to a barrier's count by each rank that gave up on it
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -76,42 +81,57 @@ def _poll(store: dist.Store, key: str, ready: Callable[[], bool], timeout: float
         delay = min(delay * 2, _POLL_MAX)
 
 
-def barrier(timeout: Optional[float] = None) -> None:
-    """Wait until every rank gets here. A no-op when not distributed.
+def _next_call(group: Any, kind: str) -> int:
+    """This group's count of ``kind`` calls: every rank makes them in the same order, so keys match."""
+    extra = group_state(group).extra
+    n = extra.get(kind, 0)
+    extra[kind] = n + 1
+    return n
 
-    Without ``timeout`` this is the process group's barrier (on NCCL on this rank's own GPU, not
-    GPU 0). With ``timeout`` (seconds) it waits through the store instead, and raises on every
-    rank that arrived when the others did not come in time.
+
+def barrier(timeout: Optional[float] = DEFAULT_TIMEOUT, *, group: Any = None) -> None:
+    """Wait until every rank of the group gets here. A no-op when not distributed.
+
+    Waits through the process group's store, with its own ``timeout`` (seconds, default
+    :data:`DEFAULT_TIMEOUT`, 600; None means the same), so a timeout leaves no collective pending
+    and the process group stays usable. The ranks that waited raise :class:`BarrierTimeoutError`
+    when some rank does not come in time; a rank that arrives after they gave up raises it too,
+    instead of passing a barrier nobody else is at.
 
     Raises:
         NotInitializedError: several processes were launched but no process group exists.
-        BarrierTimeoutError: with ``timeout``, naming how many ranks arrived.
+        BarrierTimeoutError: naming how many ranks arrived.
     """
+    timeout = check_timeout("barrier()", DEFAULT_TIMEOUT if timeout is None else timeout)
     if not require_process_group("barrier()"):
         return
-    if timeout is None:
-        if dist.get_backend() == "nccl":
-            dist.barrier(device_ids=[rank_device().index])
-        else:
-            dist.barrier()
+    ranks = group_ranks(group)
+    world = len(ranks)
+    if world == 1:
         return
-    if timeout <= 0:
-        raise ValueError(f"barrier(timeout={timeout!r}): give a positive number of seconds, or None")
-    store, world = _store(), get_world_size()
-    key = f"{_KEY_PREFIX}barrier/{next(_calls)}"
-    store.add(key, 1)
-    arrived = [0]
-
-    def ready() -> bool:
-        arrived[0] = store.add(key, 0)
-        return arrived[0] >= world
-
-    if not _poll(store, key, ready, timeout):
+    store = _store()
+    key = f"{_KEY_PREFIX}barrier/{'-'.join(map(str, ranks))}/{_next_call(group, 'barrier')}"
+    count = store.add(key, 1)
+    if count >= _POISON:
         raise BarrierTimeoutError(
             "barrier-timeout",
-            f"only {arrived[0]} of {world} ranks reached barrier() within {timeout:g}s (rank {get_rank()} did)",
+            f"only {count % _POISON - 1} of {world} ranks reached barrier() within the others' timeout; rank "
+            f"{get_rank()} arrived after they gave up",
+            "find what delayed this rank; the others have moved on (their barrier raised)")
+    if count == world:
+        store.set(key + "/go", "1")
+        return
+    try:
+        store.wait([key + "/go"], datetime.timedelta(seconds=timeout))
+    except RuntimeError:
+        count = store.add(key, _POISON)
+        if count % _POISON >= world:  # the last rank came just before we gave up: everyone passes
+            return
+        raise BarrierTimeoutError(
+            "barrier-timeout",
+            f"only {count % _POISON} of {world} ranks reached barrier() within {timeout:g}s (rank {get_rank()} did)",
             "find the rank that is stuck or took another code path (py-spy dump, ddpdoctor hang report)",
-        )
+        ) from None
 
 
 #: accelerate's and detectron2's names.
@@ -143,20 +163,30 @@ def zero_first(local: bool = False, timeout: float = ZERO_FIRST_TIMEOUT) -> Iter
         yield
         return
     store = _store()
-    call = next(_calls)
+    call = _next_call(None, "zero_first")
     if local:
         first, scope = get_local_rank() == 0, f"node {get_node_rank()} (local rank 0)"
         key = f"{_KEY_PREFIX}zero_first/{call}/node{get_node_rank()}"
+        waiters = get_local_world_size() - 1
     else:
         first, scope = get_rank() == 0, "rank 0"
         key = f"{_KEY_PREFIX}zero_first/{call}/global"
+        waiters = get_world_size() - 1
     if first:
         try:
             yield
         except BaseException as exc:
             store.set(key, f"error:{type(exc).__name__}: {exc}")
+            _await_readers(store, key, waiters, min(timeout, 60.0), scope)
             raise
         store.set(key, "ok")
+        # Stay until every waiting rank has read the outcome: the store may live in this process
+        # (TCPStore on rank 0), and leaving at once would cut the others off mid-poll.
+        if not _await_readers(store, key, waiters, timeout, scope):
+            raise ZeroFirstError(
+                "zero-first-timeout",
+                f"{scope} finished its zero_first block but not every waiting rank came for the outcome within "
+                f"{timeout:g}s", "find the rank that never reached zero_first (it is stuck or took another path)")
         return
     if not _poll(store, key, lambda: store.check([key]), timeout):
         raise ZeroFirstError(
@@ -165,6 +195,8 @@ def zero_first(local: bool = False, timeout: float = ZERO_FIRST_TIMEOUT) -> Iter
             "pass a longer zero_first(timeout=...) or find out why the first rank is stuck",
         )
     outcome = store.get(key).decode()
+    if store.add(key + "/read", 1) == waiters:
+        store.set(key + "/done", "1")
     if outcome != "ok":
         raise ZeroFirstError(
             "zero-first-failed",
@@ -172,6 +204,18 @@ def zero_first(local: bool = False, timeout: float = ZERO_FIRST_TIMEOUT) -> Iter
             "fix the error shown in the first rank's traceback",
         )
     yield
+
+
+def _await_readers(store: dist.Store, key: str, waiters: int, timeout: float, scope: str) -> bool:
+    """True once every waiting rank has read ``key``'s outcome; False after ``timeout``."""
+    if waiters <= 0:
+        return True
+    try:
+        store.wait([key + "/done"], datetime.timedelta(seconds=timeout))
+    except RuntimeError:
+        logger.warning("zero_first: %s waited %gs for the other ranks to read its outcome", scope, timeout)
+        return False
+    return True
 
 
 #: accelerate's, Lightning's and YOLOv5's names (YOLOv5's torch_distributed_zero_first takes the local rank).
@@ -207,13 +251,50 @@ def print0(*args: Any, **kwargs: Any) -> None:
 rank_zero_print = print0
 
 
-def seed_everything(seed: int, *, per_rank: bool = False) -> int:
+_SEED_ENV = "PL_GLOBAL_SEED"  # Lightning's variable: set by its users, read by its DataLoader workers
+_WORKERS_ENV = "PL_SEED_WORKERS"
+
+
+def _whole_seed(value: Any, source: str) -> int:
+    """``value`` as an int when it is a whole number (7, numpy.int64(7), 45.0, "45"); else ValueError."""
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = int(text)
+        except ValueError:
+            try:
+                value = float(text)
+            except ValueError:
+                value = None
+    if isinstance(value, bool) or value is None:
+        ok = False
+    elif isinstance(value, numbers.Integral):
+        ok, value = True, int(value)
+    elif isinstance(value, numbers.Real) and math.isfinite(float(value)) and float(value).is_integer():
+        ok, value = True, int(float(value))
+    elif isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+        ok, value = True, int(value.item())
+    else:
+        ok = False
+    if not ok:
+        raise ValueError(f"seed_everything: {source} is not a whole number; give one in [0, 2**32 - 1]")
+    return value
+
+
+def seed_everything(seed: Any = None, *, per_rank: bool = False, workers: bool = False,
+                    timeout: float = DEFAULT_TIMEOUT) -> int:
     """Seed Python's ``random``, NumPy (when installed) and torch (CPU and every CUDA device, lazily).
 
+    Follows Lightning's ``seed_everything``: without ``seed`` the environment variable
+    ``PL_GLOBAL_SEED`` is used when set; otherwise rank 0 picks a seed and broadcasts it, so every
+    rank gets the same one. The seed is written to ``PL_GLOBAL_SEED`` for subprocesses and workers.
+
     Args:
-        seed: a whole number in ``[0, 2**32 - 1]``.
+        seed: any whole number in ``[0, 2**32 - 1]``: an int, a NumPy integer, ``45.0`` (not ``45.5``).
         per_rank: add the global rank to ``seed``, for data augmentation that must differ per rank;
             leave False for model initialization that must match on every rank.
+        workers: also set ``PL_SEED_WORKERS=1``; pass :func:`worker_init_fn` to your DataLoader.
+        timeout: for the broadcast of a picked seed.
 
     Returns:
         The seed actually used on this rank.
@@ -221,37 +302,44 @@ def seed_everything(seed: int, *, per_rank: bool = False) -> int:
     Raises:
         ValueError: ``seed`` (plus the rank) is not a whole number in range.
     """
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed_everything(seed={seed!r}): give a whole number in [0, 2**32 - 1]")
+    if seed is None:
+        if os.environ.get(_SEED_ENV, "").strip():
+            seed = _whole_seed(os.environ[_SEED_ENV], f"{_SEED_ENV}={os.environ[_SEED_ENV]!r}")
+        else:
+            picked = random.SystemRandom().randrange(0, 2**31)
+            seed = broadcast_object(picked, 0, timeout=timeout) if require_process_group("seed_everything()") else picked
+            logger.info("seed_everything: no seed given, using %s (from rank 0)", seed)
+    else:
+        seed = _whole_seed(seed, f"seed={seed!r}")
     used = seed + (get_rank() if per_rank else 0)
     if not 0 <= used <= 2**32 - 1:
         raise ValueError(f"seed_everything: seed {used} (seed={seed}, per_rank={per_rank}) is outside "
                          f"[0, 2**32 - 1]; pick a smaller seed")
-    random.seed(used)
+    os.environ[_SEED_ENV] = str(seed)
+    if workers:
+        os.environ[_WORKERS_ENV] = "1"
+    _seed_all(used)
+    logger.debug("seeded random, numpy and torch with %s on rank %s", used, get_rank())
+    return used
+
+
+def _seed_all(seed: int) -> None:
+    random.seed(seed)
     try:
         import numpy as np
     except ImportError:
         pass
     else:
-        np.random.seed(used)
-    torch.manual_seed(used)  # also seeds CUDA lazily, without initializing it
-    logger.debug("seeded random, numpy and torch with %s on rank %s", used, get_rank())
-    return used
+        np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds CUDA lazily, without initializing it
 
 
-def broadcast_object(obj: Any, src: int = 0) -> Any:
-    """Return ``src``'s picklable ``obj`` on every rank (``obj`` itself in a world of one).
+def worker_init_fn(worker_id: int) -> None:
+    """``DataLoader(worker_init_fn=worker_init_fn)``: a distinct seed per worker and per rank.
 
-    Raises:
-        ValueError: ``src`` is not a rank of this job.
-        NotInitializedError: several processes were launched but no process group exists.
+    Lightning's ``pl_worker_init_function``: derived from the worker's torch seed (which the
+    DataLoader draws from the seeded main process) and the global rank, then applied to ``random``,
+    NumPy and torch, so workers of different ranks never produce the same augmentations.
     """
-    world = get_world_size()
-    if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < world:
-        raise ValueError(f"broadcast_object(src={src!r}): the world has ranks 0 to {world - 1}")
-    if not require_process_group("broadcast_object()"):
-        return obj
-    box = [obj if get_rank() == src else None]
-    dist.broadcast_object_list(box, src=src, device=rank_device())
-    return box[0]
-
+    seed = (torch.initial_seed() + 1_000_003 * get_rank() + 7919 * worker_id) % 2**32
+    _seed_all(seed)

@@ -485,6 +485,7 @@ def stacks_command(pids: Sequence[int], wait: float) -> int:
     import click
 
     from ddpdoctor.errors import UsageError
+    from ddpdoctor.system.redact import safe_text
 
     procs = find_ranks(pids)
     if not procs:
@@ -493,8 +494,10 @@ def stacks_command(pids: Sequence[int], wait: float) -> int:
     readings = read_stacks(procs, wait)
     click.echo(f"ddpdoctor stacks: {len(procs)} rank process{'es' if len(procs) != 1 else ''}")
     for line in render_groups(readings):
-        click.echo(line)
+        click.echo(safe_text(line))  # process names and frames come from outside: escaped, redacted
     for r in readings:
         if r.stack:
-            click.echo(f"\n--- {r.proc.label} (pid {r.proc.pid}), read with {r.method}\n{r.stack.rstrip()}")
+            click.echo("\n" + safe_text(f"--- {r.proc.label} (pid {r.proc.pid}), read with {r.method}"))
+            for line in r.stack.rstrip().splitlines():
+                click.echo(safe_text(line))
     return 0 if any(r.stack for r in readings) else 1

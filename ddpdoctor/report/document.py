@@ -11,9 +11,11 @@ from typing import Any, Optional
 from ddpdoctor import __version__
 from ddpdoctor.check import WorldInfo
 from ddpdoctor.exitcodes import ExitCode
+from ddpdoctor.errors import UsageError
 from ddpdoctor.result import CheckResult, Status
+from ddpdoctor.system.redact import redact_text
 
-__all__ = ["RunReport", "SCHEMA"]
+__all__ = ["RunReport", "SCHEMA", "write_json_file", "check_json_target", "redacted"]
 
 SCHEMA = 1
 
@@ -62,8 +64,83 @@ class RunReport:
         }
 
     def write_json(self, path: str, strict: bool = False) -> None:
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(self.to_dict(strict), f, indent=2)
+        """Write :meth:`to_dict` to ``path`` (see :func:`write_json_file`)."""
+        write_json_file(path, self.to_dict(strict))
+
+
+def redacted(value: Any) -> Any:
+    """``value`` (JSON-like) with every string passed through :func:`~ddpdoctor.system.redact.redact_text`."""
+    if isinstance(value, str):
+        return redact_text(value)
+    if isinstance(value, dict):
+        return {k: redacted(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redacted(v) for v in value]
+    return value
+
+
+def check_json_target(path: str, flag: str = "--json") -> None:
+    """Refuse, before any work, a path that :func:`write_json_file` would not write.
+
+    Raises:
+        UsageError: a symbolic link, a directory or another non-regular file, a folder that does not
+            exist or cannot be written.
+    """
+    import stat
+
+    shown = redact_text(path).encode("unicode_escape").decode("ascii")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise UsageError("json-path", f"{flag} {shown}: {exc.strerror}", "choose a writable path") from None
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        raise UsageError("json-path", f"{flag} {shown} is a symbolic link; ddpdoctor does not write through links",
+                         "remove the link or choose another path")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise UsageError("json-path", f"{flag} {shown} exists and is not a regular file", "choose a file path")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError("json-path", f"{flag} {shown}: the folder {folder} does not exist",
+                         "create it first or choose another path")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError("json-path", f"{flag} {shown}: the folder {folder} is not writable",
+                         "choose a path in a folder you can write")
+
+
+def write_json_file(path: str, doc: Any) -> None:
+    """Write ``doc`` (redacted) as JSON to ``path`` atomically: a new file beside it, then a rename.
+
+    An existing regular file is replaced whole (readers never see half a report; its permissions are
+    kept); a symbolic link at ``path`` is refused, never written through or replaced.
+
+    Raises:
+        UsageError: ``path`` is a link or not a regular file (see :func:`check_json_target`).
+        OSError: the folder cannot be written (disk full, permissions).
+    """
+    import tempfile
+
+    check_json_target(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        mode = os.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(redacted(doc), f, indent=2)
             f.write("\n")
+        os.chmod(tmp, mode)
+        if os.path.islink(path):  # planted while we wrote: refuse rather than replace it
+            raise UsageError("json-path", f"--json {path} became a symbolic link", "remove the link")
         os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -14,6 +14,7 @@ from ddpdoctor.check import WorldInfo
 from ddpdoctor.report.document import RunReport
 from ddpdoctor.report.progress import Progress
 from ddpdoctor.result import CheckResult, Status
+from ddpdoctor.system.redact import safe_text
 
 __all__ = ["Style", "render", "render_result", "header", "footer", "TerminalProgress"]
 
@@ -51,28 +52,29 @@ class Style:
 
 
 def _line(result: CheckResult, style: Style, width: int) -> str:
-    return f"{style.glyph(result.status)} {result.name.ljust(width)}  {result.summary}  " \
+    return f"{style.glyph(result.status)} {result.name.ljust(width)}  {safe_text(result.summary)}  " \
            f"{style.dim(f'({result.duration:.2f}s)')}"
 
 
 def render_result(result: CheckResult, style: Style, width: int, verbose: bool) -> list[str]:
+    """The result's lines; text quoted from outside (logs, names, variables) is redacted and escaped."""
     lines = [_line(result, style, width)]
     pad = " " * (8 if not style.fancy else 2) + " " * (width + 2)
     if result.hint:
-        lines.append(f"{pad}{'fix' if result.status >= Status.WARN else 'tip'}: {result.hint}")
+        lines.append(f"{pad}{'fix' if result.status >= Status.WARN else 'tip'}: {safe_text(result.hint)}")
     if not verbose:
         return lines
     for d in result.details:
-        lines.append(f"{pad}{d}")
+        lines.append(f"{pad}{safe_text(d)}")
     statuses = {o.status for o in result.outcomes}
     for o in result.outcomes:
         if o.status == Status.PASS and len(statuses) == 1 and not o.details:
             continue
-        lines.append(f"{pad}rank {o.rank}: {o.status.label}: {o.summary}")
+        lines.append(f"{pad}rank {o.rank}: {o.status.label}: {safe_text(o.summary)}")
         if o.status >= Status.WARN and o.hint and o.hint != result.hint:
-            lines.append(f"{pad}  fix: {o.hint}")
+            lines.append(f"{pad}  fix: {safe_text(o.hint)}")
         for d in o.details:
-            lines.append(f"{pad}  {d}")
+            lines.append(f"{pad}  {safe_text(d)}")
     return lines
 
 

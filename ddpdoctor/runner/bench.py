@@ -6,8 +6,6 @@ joined modes ``ddpdoctor check`` does; this module turns its result into the tab
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import sys
 from typing import Optional, Sequence
@@ -47,7 +45,11 @@ def run_bench(*, nproc: Optional[int], backend: Optional[str], master_addr: str,
     from ddpdoctor.runner.options import RunOptions
     from ddpdoctor.runner.local import run_checks
 
+    from ddpdoctor.report.document import check_json_target, write_json_file
+
     lo, hi = parse_bytes(min_bytes, "--min-bytes"), parse_bytes(max_bytes, "--max-bytes")
+    if json_path:
+        check_json_target(json_path)
     if lo > hi:
         raise UsageError("bad-size", f"--min-bytes {min_bytes} is larger than --max-bytes {max_bytes}",
                          "make --min-bytes the smaller one")
@@ -83,13 +85,9 @@ def run_bench(*, nproc: Optional[int], backend: Optional[str], master_addr: str,
         doc = {"schema": 1, "settings": settings, "world": report.world.to_dict(), "status": report.status.label,
                "exit_code": int(outcome.exit_code), "rows": rows, "report": report.to_dict()}
         try:
-            tmp = f"{json_path}.tmp{os.getpid()}"
-            with open(tmp, "w") as f:
-                json.dump(doc, f, indent=2)
-                f.write("\n")
-            os.replace(tmp, json_path)
+            write_json_file(json_path, doc)
         except OSError as exc:
             print(f"error[json-write]: cannot write {json_path}: {exc.strerror}; choose a writable path",
                   file=sys.stderr)
-            return ExitCode.INTERNAL if outcome.exit_code == 0 else outcome.exit_code
+            return ExitCode.USAGE if outcome.exit_code == 0 else outcome.exit_code
     return outcome.exit_code

@@ -135,7 +135,7 @@ def _run_local(opts: RunOptions, checks: Sequence[Check], progress: Progress) ->
     store = None
     coordinator: Optional[Coordinator] = None
     try:
-        with terminate_as_interrupt():
+        with terminate_as_interrupt(cleanup=lambda: shutil.rmtree(workdir, ignore_errors=True)):
             supervisor.start(specs)
             store = host_store(sock.detach(), store_addr, store_port, opts.timeout)
             channel = Channel(store, prefix)

@@ -22,6 +22,7 @@ from typing import Any, NoReturn, Sequence
 from ddpdoctor.check import Check, RankContext
 from ddpdoctor.result import Outcome, Status
 from ddpdoctor.runner.channel import Channel, ChannelLost, connect_store
+from ddpdoctor.runner.options import reset_signals_in_worker
 
 __all__ = ["WorkerSpec", "worker_main", "run_guarded", "raised_at", "set_parent_death_signal", "EXIT_HINT"]
 
@@ -129,8 +130,6 @@ def _short(path: str) -> str:
 
 def _prepare(spec: WorkerSpec) -> Any:
     set_parent_death_signal()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to handle
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     for fd in spec.close_fds:
         try:
             os.close(fd)
@@ -156,6 +155,9 @@ def _prepare(spec: WorkerSpec) -> Any:
 
 def worker_main(spec: WorkerSpec) -> NoReturn:
     """Entry point of a forked worker; never returns."""
+    # First thing: the parent's handlers (raise Interrupted, print a report) are not a worker's.
+    # Ctrl-C is the supervisor's to handle; SIGTERM ends the worker.
+    reset_signals_in_worker()
     code = 0
     try:
         spec.open_files = _prepare(spec)  # the log and stack files must stay open

@@ -12,7 +12,7 @@ _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+
 
 _OURS = ("/threading.py", "/ddpdoctor/runner/worker.py", "/ddpdoctor/runner/channel.py",
          "/ddpdoctor/runner/supervisor.py", "/ddpdoctor/runner/local.py", "/ddpdoctor/runner/joined.py",
-         "/ddpdoctor/cli.py")
+         "/ddpdoctor/cli.py", "/ddpdoctor/__main__.py")
 
 
 
