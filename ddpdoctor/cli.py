@@ -418,14 +418,16 @@ def stacks(pids: tuple, wait: float) -> int:
 @click.option("--hang-timeout", type=Number(float, 1.0, 31536000.0, unit="seconds"), default=300.0, show_default=True,
               help="Seconds without progress on any rank before the job counts as hung.")
 @click.option("--dir", "run_dir", type=click.Path(file_okay=False), default=None,
-              help="Where to save output, stacks and verdict [default: ./ddpdoctor-run-<time>].")
+              help="Where to save output, stacks and verdict [default: a new directory under "
+                   "$XDG_STATE_HOME/ddpdoctor/runs, i.e. ~/.local/state/ddpdoctor/runs].")
+@click.option("--keep", is_flag=True, help="Keep the run directory even when the job succeeded.")
 @click.option("--keep-hung", is_flag=True, help="After reporting a hang, leave the job running.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(hang_timeout: float, run_dir: Optional[str], keep_hung: bool, command: tuple) -> int:
+def run(hang_timeout: float, run_dir: Optional[str], keep: bool, keep_hung: bool, command: tuple) -> int:
     """Run a training command (after --) and explain it if it hangs or dies."""
     from ddpdoctor.postmortem.jobrun import RunSpec, run_job
 
-    return run_job(RunSpec(command=list(command), hang_timeout=hang_timeout, run_dir=run_dir,
+    return run_job(RunSpec(command=list(command), hang_timeout=hang_timeout, run_dir=run_dir, keep=keep,
                            keep_hung=keep_hung))
 
 

@@ -13,6 +13,8 @@ import time
 import psutil
 import pytest
 
+import ddpdoctor
+
 from ddpdoctor.exitcodes import ExitCode
 from jobscripts import line_of, torchrun, write_train
 
@@ -22,6 +24,7 @@ CMD = [sys.executable, "-m", "ddpdoctor", "run"]
 def ddprun(tmp_path, env, mode, *, nproc=2, hang=3.0, extra=(), steps="20", timeout=120):
     script = write_train(tmp_path)
     run_dir = tmp_path / "run"
+    env = {**env, "XDG_STATE_HOME": str(tmp_path / "state")}
     args = CMD + ["--hang-timeout", str(hang), "--dir", str(run_dir), *extra, "--",
                   *torchrun(script, mode, steps, nproc=nproc)]
     p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout)
@@ -48,7 +51,7 @@ def test_hang_names_the_rank_and_line_and_exits_124(cli_env, tmp_path):
     assert {s["rank"] for s in verdict["stacks"]} == {0, 1}
     assert (run_dir / "verdict.txt").read_text().startswith("ddpdoctor run: hung")
     assert "dataset_read" in (run_dir / "stacks.txt").read_text()
-    assert (run_dir / "output.log").exists()
+    assert (run_dir / "output.raw.log").exists()
     assert_nothing_left(run_dir)
 
 
@@ -65,9 +68,14 @@ def test_rank_skipping_an_all_reduce_is_the_odd_one_out(cli_env, tmp_path):
 def test_rank_that_raises_is_named_with_its_line(cli_env, tmp_path):
     p, run_dir, name = ddprun(tmp_path, cli_env, "raise", hang=60)
     assert p.returncode == 1, p.stderr[-3000:]
-    assert "ddpdoctor run: the job failed (exit 1)" in p.stderr
+    verdict = p.stderr[p.stderr.index("ddpdoctor run:"):]
+    # the cause leads, in the rank's own words (the hook saw the exception); the launcher's part is summarised
+    assert verdict.startswith(f"ddpdoctor run: the job failed (exit 1); cause: rank 1 raised RuntimeError: boom on "
+                              f"rank 1 at train ({name}:{line_of('raise')})"), verdict
+    assert "(ChildFailedError) is its report of that failure, not another cause" in verdict
     assert (f"first failure: rank 1 exited with code 1: RuntimeError: boom on rank 1 at train "
             f"({name}:{line_of('raise')})") in p.stderr
+    assert "finished" not in verdict
     assert "peer-closed: a peer rank went away (rank 0)" in p.stderr
     assert "hung" not in p.stderr
     assert_nothing_left(run_dir)
@@ -86,11 +94,14 @@ def test_rank_killed_by_sigkill_is_named(cli_env, tmp_path):
 
 @pytest.mark.timeout(120)
 def test_healthy_job_is_untouched_and_its_output_teed(cli_env, tmp_path):
-    p, run_dir, _ = ddprun(tmp_path, cli_env, "train", hang=5, steps="5")
+    p, run_dir, _ = ddprun(tmp_path, cli_env, "train", hang=5, steps="5", extra=("--keep",))
     assert p.returncode == 0, p.stderr[-3000:]
     assert "rank 0 done 32.0" in p.stdout and "rank 1 done 32.0" in p.stdout
-    assert "ddpdoctor run:" not in p.stderr
-    assert "rank 0 done" in (run_dir / "output.log").read_text()
+    assert p.stderr.splitlines()[-1].startswith("ddpdoctor run: 2 ranks, exit 0 in ")
+    assert p.stderr.splitlines()[-1].endswith(f" s, no hang, no rank died; kept {run_dir}")
+    raw = run_dir / "output.raw.log"
+    assert "rank 0 done" in raw.read_text() and (raw.stat().st_mode & 0o777) == 0o600
+    assert not any(os.path.getsize(f) for f in glob.glob(str(run_dir / "stacks-*.txt")))  # never signalled
 
 
 @pytest.mark.timeout(120)
@@ -118,3 +129,188 @@ def test_command_that_cannot_start_is_a_usage_error(cli_env, tmp_path):
     p = subprocess.run(CMD + ["--dir", str(tmp_path / "r"), "--", "no-such-launcher-xyz"], env=cli_env,
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 2 and p.stderr.startswith("error[cannot-start]: cannot start 'no-such-launcher-xyz'")
+
+
+# --- the run directory (issue 12) and hostile input (issue 16) -------------------------------------
+
+PASSTHROUGH = r'''
+import sys
+out = sys.stdout.buffer
+for i in range(0, 101, 25):
+    out.write(b"\rprogress %3d%%" % i)  # a progress bar: carriage returns, no newline
+    out.flush()
+out.write(b"\n\x1b[1mbold\x1b[0m \xff\xfe raw bytes\n")
+out.flush()
+'''
+
+
+@pytest.mark.timeout(60)
+def test_success_prints_one_line_and_leaves_no_directory(cli_env, tmp_path):
+    """Default directory under $XDG_STATE_HOME, removed on success; nothing in the working directory;
+    the job's bytes reach the terminal unchanged (\\r, escapes, invalid UTF-8)."""
+    script = tmp_path / "bar.py"
+    script.write_text(PASSTHROUGH)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    env = {**cli_env, "XDG_STATE_HOME": str(tmp_path / "state")}
+    p = subprocess.run(CMD + ["--hang-timeout", "5", "--", sys.executable, str(script)], env=env, cwd=cwd,
+                       capture_output=True, timeout=60)
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    expected = b"".join(b"\rprogress %3d%%" % i for i in range(0, 101, 25)) + b"\n\x1b[1mbold\x1b[0m \xff\xfe raw bytes\n"
+    assert p.stdout == expected
+    assert p.stderr.decode().splitlines() == [p.stderr.decode().splitlines()[-1]]
+    assert p.stderr.decode().startswith("ddpdoctor run: 1 process, exit 0 in ")
+    assert list(cwd.iterdir()) == []
+    assert list((tmp_path / "state" / "ddpdoctor" / "runs").iterdir()) == []
+
+
+@pytest.mark.timeout(60)
+def test_failure_keeps_the_default_directory_and_prints_it(cli_env, tmp_path):
+    env = {**cli_env, "XDG_STATE_HOME": str(tmp_path / "state")}
+    p = subprocess.run(CMD + ["--hang-timeout", "5", "--", sys.executable, "-c",
+                              "import sys; print('secret-ish output'); sys.exit(3)"],
+                       env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 3
+    kept = list((tmp_path / "state" / "ddpdoctor" / "runs").iterdir())
+    assert len(kept) == 1 and f"saved in {kept[0]} (output.raw.log," in p.stderr
+    assert "ddpdoctor run: the job failed (exit 3)" in p.stderr
+    assert (kept[0].stat().st_mode & 0o777) == 0o700
+    assert ((kept[0] / "output.raw.log").stat().st_mode & 0o777) == 0o600
+    assert not list(tmp_path.glob("ddpdoctor-run-*"))
+
+
+@pytest.mark.timeout(60)
+def test_dir_that_is_a_symlink_is_refused_before_the_job_starts(cli_env, tmp_path):
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    link = tmp_path / "run"
+    link.symlink_to(target)
+    marker = tmp_path / "started"
+    p = subprocess.run(CMD + ["--dir", str(link), "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"],
+                       env=cli_env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith(f"error[run-dir]: --dir {link} is a symbolic link")
+    assert not marker.exists() and list(target.iterdir()) == []
+
+
+@pytest.mark.timeout(60)
+def test_planted_symlink_inside_dir_is_not_followed(cli_env, tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    (run_dir / "output.raw.log").symlink_to(victim)
+    (run_dir / "verdict.txt").symlink_to(victim)
+    p = subprocess.run(CMD + ["--dir", str(run_dir), "--", sys.executable, "-c", "import sys; print('x'); sys.exit(1)"],
+                       env=cli_env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1
+    assert victim.read_text() == "keep me"
+    assert not (run_dir / "output.raw.log").is_symlink() and (run_dir / "verdict.txt").is_file()
+
+
+@pytest.mark.timeout(60)
+def test_bad_dir_is_a_usage_error_before_the_job_starts(cli_env, tmp_path):
+    marker = tmp_path / "started"
+    p = subprocess.run(CMD + ["--dir", "/proc/nope", "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"],
+                       env=cli_env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith("error[run-dir]: cannot use --dir /proc/nope: ") and "Traceback" not in p.stderr
+    assert not marker.exists()
+
+
+STUBBORN = r'''
+import multiprocessing as mp, os, signal, sys, time
+
+
+def child(path):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with open(path, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    time.sleep(600)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=child, args=(sys.argv[1],)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    with open(sys.argv[1], "a") as f:
+        f.write(f"{os.getpid()}\n")
+    for p in procs:
+        p.join()
+'''
+
+
+@pytest.mark.timeout(120)
+def test_sigkill_of_run_takes_a_sigterm_ignoring_job_with_it(cli_env, tmp_path):
+    script = tmp_path / "stubborn.py"
+    script.write_text(STUBBORN)
+    pids_file = tmp_path / "pids"
+    run = subprocess.Popen(CMD + ["--hang-timeout", "300", "--dir", str(tmp_path / "run"), "--", sys.executable,
+                                  str(script), str(pids_file)], env=cli_env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    pids: list = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(pids) < 3:
+            time.sleep(0.2)
+            pids = [int(x) for x in pids_file.read_text().split()] if pids_file.exists() else []
+        assert len(pids) == 3
+        run.kill()  # SIGKILL: ddpdoctor run gets no chance to clean up
+        run.wait()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(psutil.pid_exists(p) and psutil.Process(p).status()
+                                                  != psutil.STATUS_ZOMBIE for p in pids):
+            time.sleep(0.1)
+        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        assert not alive, f"the job outlived ddpdoctor run: {alive}"
+    finally:
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+
+
+EXITING = r'''
+import atexit, os, sys, time
+sum(range(200000))
+sys.exit(0)
+'''
+
+
+@pytest.mark.timeout(120)
+def test_stack_signal_racing_a_normal_exit_never_kills(cli_env, tmp_path):
+    """SIGUSR2 sent as fast as possible from the moment the hook registered until the process is gone
+    (no handler check: the worst case): a normal exit stays exit 0, never "killed by SIGUSR2"."""
+    inject = os.path.join(os.path.dirname(ddpdoctor.__file__), "postmortem", "inject")
+    script = tmp_path / "exiting.py"
+    script.write_text(EXITING)
+    clean = 0
+    for attempt in range(20):
+        run_dir = tmp_path / f"r{attempt}"
+        run_dir.mkdir()
+        env = {**cli_env, "PYTHONPATH": inject, "DDPDOCTOR_RUN_DIR": str(run_dir), "DDPDOCTOR_RUN_PID": str(os.getpid()),
+               "RANK": "0"}
+        proc = subprocess.Popen([sys.executable, str(script)], env=env)
+        sent = 0
+        while proc.poll() is None:
+            if (run_dir / f"proc-{proc.pid}.json").exists():
+                try:
+                    os.kill(proc.pid, signal.SIGUSR2)
+                    sent += 1
+                except OSError:
+                    pass
+        # Never killed by the signal itself. (faulthandler's all-threads dump reads the frames of a running
+        # thread without a lock: at this rate, thousands of dumps a second over a busy interpreter, it can
+        # rarely crash; ddpdoctor sends one request per rank per verdict, to ranks that are already stuck.)
+        assert proc.returncode != -signal.SIGUSR2, f"attempt {attempt}: killed by SIGUSR2 after {sent} signals"
+        if proc.returncode == 0:
+            clean += 1
+            record = json.loads((run_dir / f"exit-{proc.pid}.json").read_text())
+            assert {k: v for k, v in record.items() if k != "t"} == {"pid": proc.pid, "how": "exit", "code": 0}
+    assert clean >= 15, f"only {clean} of 20 runs exited 0"

@@ -125,3 +125,102 @@ def test_a_process_without_handler_is_never_signalled(cli_env):
 def test_unknown_pid_is_a_usage_error(cli_env):
     p = subprocess.run(CMD + ["stacks", "999999999"], env=cli_env, capture_output=True, text=True, timeout=30)
     assert p.returncode == 2 and p.stderr.startswith("error[no-such-pid]: no process with PID 999999999")
+
+
+DDP_BACKWARD = '''Current thread 0x00007f0000000001 (most recent call first):
+  File "/v/lib/python3.11/site-packages/torch/autograd/graph.py", line 829 in _engine_run_backward
+  File "/v/lib/python3.11/site-packages/torch/autograd/__init__.py", line 364 in backward
+  File "/v/lib/python3.11/site-packages/torch/_tensor.py", line 630 in backward
+  File "/home/me/proj/train.py", line 30 in train
+  File "/home/me/proj/train.py", line 40 in <module>
+'''
+DDP_BUFFERS = '''Current thread 0x00007f0000000001 (most recent call first):
+  File "/v/lib/python3.11/site-packages/torch/nn/parallel/distributed.py", line 2130 in _distributed_broadcast_coalesced
+  File "/v/lib/python3.11/site-packages/torch/nn/parallel/distributed.py", line 2050 in _default_broadcast_coalesced
+  File "/v/lib/python3.11/site-packages/torch/nn/parallel/distributed.py", line 2030 in _sync_buffers
+  File "/v/lib/python3.11/site-packages/torch/nn/parallel/distributed.py", line 1600 in _pre_forward
+  File "/v/lib/python3.11/site-packages/torch/nn/parallel/distributed.py", line 1690 in forward
+  File "/home/me/proj/train.py", line 29 in train
+'''
+BARRIER = '''Current thread 0x00007f0000000001 (most recent call first):
+  File "/v/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 4900 in barrier
+  File "/v/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 83 in wrapper
+  File "/home/me/proj/train.py", line 33 in train
+'''
+
+
+@pytest.mark.timeout(10)
+def test_ddp_communication_counts_as_a_collective():
+    from ddpdoctor.postmortem.stacks import collective_of, describe_place
+
+    assert collective_of(DDP_BACKWARD) == "DDP backward (reducer all_reduce)"
+    assert collective_of(DDP_BUFFERS) == "DDP forward (buffer broadcast)"
+    assert collective_of(BARRIER) == "barrier"
+    assert collective_of('Current thread 0x1 (most recent call first):\n  File "/p/x.py", line 3 in read\n') is None
+    assert describe_place(DDP_BACKWARD) == "DDP backward (reducer all_reduce), called from train (proj/train.py:30)"
+    # ranks 0,2 in DDP's backward, rank 1 in a barrier: rank 1 is the odd one out (it skipped a step)
+    readings = [StackReading(RankProcess(100 + r, r), "handler", s, place=describe_place(s))
+                for r, s in ((0, DDP_BACKWARD), (1, BARRIER), (2, DDP_BACKWARD))]
+    lines = render_groups(readings)
+    assert lines[0] == "ranks 0,2: DDP backward (reducer all_reduce), called from train (proj/train.py:30)"
+    assert lines[1] == "rank 1:    barrier, called from train (proj/train.py:33)   <- the odd one out"
+
+
+MP_PARENT = r'''
+import multiprocessing as mp, sys, time
+
+
+def work():
+    time.sleep(60)
+
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    lock = ctx.Lock()  # starts multiprocessing's resource tracker
+    procs = [ctx.Process(target=work) for _ in range(2)]
+    for p in procs:
+        p.start()
+    print("ready", flush=True)
+    for p in procs:
+        p.join()
+'''
+
+
+@pytest.mark.timeout(60)
+def test_multiprocessing_children_are_the_ranks_never_the_resource_tracker(cli_env, tmp_path):
+    from ddpdoctor.postmortem.stacks import find_ranks
+
+    script = tmp_path / "parent.py"
+    script.write_text(MP_PARENT)
+    parent = subprocess.Popen([sys.executable, str(script)], env=cli_env, stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        assert parent.stdout.readline().strip() == "ready"
+        children = psutil.Process(parent.pid).children()
+        tracker = [c for c in children if "resource_tracker" in " ".join(c.cmdline())]
+        assert tracker and len(children) == 3
+        workers = sorted((c for c in children if c not in tracker), key=lambda c: (c.create_time(), c.pid))
+        ranks = find_ranks([parent.pid])
+        assert [(r.label, r.pid) for r in ranks] == [(f"process {i}", c.pid) for i, c in enumerate(workers)]
+        # given every child's PID, the tracker is still not a rank
+        assert {r.pid for r in find_ranks([c.pid for c in children])} == {c.pid for c in children} - {tracker[0].pid}
+        # and without a handler, nothing is signalled
+        p = subprocess.run(CMD + ["stacks", str(parent.pid)], env={**cli_env, "DDPDOCTOR_STACKS_METHOD": "handler"},
+                           capture_output=True, text=True, timeout=30)
+        assert p.returncode == 1 and p.stdout.startswith("ddpdoctor stacks: 2 rank processes")
+        assert all(c.is_running() for c in children)
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
+        parent.stdout.close()
+
+
+@pytest.mark.timeout(10)
+def test_ranks_a_step_apart_in_ddp_are_one_family():
+    """Rank 1 skipped a step: rank 0 waits in DDP's forward, rank 2 in its backward, rank 1 in a barrier."""
+    from ddpdoctor.postmortem.stacks import describe_place
+
+    readings = [StackReading(RankProcess(100 + r, r), "handler", s, place=describe_place(s))
+                for r, s in ((0, DDP_BUFFERS), (1, BARRIER), (2, DDP_BACKWARD))]
+    odd = [line for line in render_groups(readings) if "odd one out" in line]
+    assert odd == ["rank 1: barrier, called from train (proj/train.py:33)   <- the odd one out"]

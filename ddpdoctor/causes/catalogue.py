@@ -29,6 +29,8 @@ class Cause:
         meaning: what the message means (and what it usually is not).
         confirm: the ddpdoctor command (or variable) that confirms it.
         fix: the imperative fix.
+        from_ranks: match only lines that came from a rank's own process (a ``[rankN]:`` prefix, an
+            ``mp.spawn`` report), i.e. from the training program rather than its launcher.
     """
 
     id: str
@@ -37,6 +39,7 @@ class Cause:
     meaning: str
     confirm: str
     fix: str
+    from_ranks: bool = False
 
     def compiled(self) -> list:
         return [re.compile(p) for p in self.patterns]
@@ -44,6 +47,43 @@ class Cause:
 
 
 CAUSES: tuple = (
+    # --- Real training programs (issue 14): mp.spawn tutorials, torch.distributed.launch, DDP on CPU.
+    # Kept together and first: port-in-use-in-code must win over port-in-use on the same line (it matches
+    # only the program's own lines: a rank's, e.g. inside mp.spawn's report; the launcher's stay port-in-use).
+    # ``{name}`` in meaning/fix is filled from the pattern's named group of the same name.
+    Cause("port-in-use-in-code", "address already in use (the port the program chose)",
+          (r"failed to listen on any local network address\. port: (?P<port>\d+),.*EADDRINUSE",
+           r"failed to bind to \S*?:(?P<port>\d+) \(errno: 98"),
+          "The rendezvous port {port} (the log shows the port the program actually used) is held by another "
+          "process: a previous run that did not exit, a second job, or another user. Programs written after "
+          "the mp.spawn tutorials set it in code (os.environ['MASTER_PORT'] = '{port}', or "
+          "init_method='tcp://...:{port}'), so an exported MASTER_PORT does not change it.",
+          "ddpdoctor check --only port --master-port {port} (names the process holding it)",
+          "if the program sets port {port} in code, change it there, or read it from the environment "
+          "(os.environ.setdefault('MASTER_PORT', ...)) and pass a free one; or stop the process holding {port}",
+          from_ranks=True),
+    Cause("ddp-syncbn-cpu", "SyncBatchNorm in a CPU model given to DDP",
+          (r"SyncBatchNorm layers only work with GPU modules",),
+          "DistributedDataParallel was given a model with SyncBatchNorm layers (usually from "
+          "nn.SyncBatchNorm.convert_sync_batchnorm) whose parameters are on the CPU; SyncBatchNorm "
+          "synchronizes statistics only for GPU modules, so DDP's constructor refuses (every rank raises).",
+          "ddpdoctor check --only bn-sync (how far plain BatchNorm statistics drift across ranks on CPU)",
+          "on CPU (gloo) skip convert_sync_batchnorm and keep plain BatchNorm (ddpdoctor.sync_bn_stats(model) "
+          "aligns running statistics when needed); on GPUs move the model first: model.to(local_rank), then "
+          "DistributedDataParallel(model, device_ids=[local_rank])"),
+    Cause("gloo-size-mismatch", "ranks passed different tensor sizes to one collective",
+          (r"ProcessGroupGloo::allgather: invalid tensor size",
+           r"allgather: invalid tensor size",
+           r"Received data size doesn't match expected size"),
+          "The ranks called the same collective (all_gather, all_reduce, broadcast) with tensors of different "
+          "sizes, usually an uneven last batch (the dataset does not divide by world size x batch size) or "
+          "per-rank variable-length results. gloo checks sizes: a local mismatch raises, a mismatch between "
+          "ranks aborts the receiving rank (SIGABRT), which is where it was noticed, not where the size differs.",
+          "TORCH_DISTRIBUTED_DEBUG=DETAIL (checks each collective's shapes across ranks and names them); "
+          "ddpdoctor check --only sampler",
+          "give every rank the same shapes: drop_last=True on the DataLoader or DistributedSampler, pad to the "
+          "largest size, or gather variable-length tensors with ddpdoctor.gather(tensor) (dim 0 may differ)"),
+    # --- end of issue 14's block
     # --- issue 17: causes found in real logs from public issue threads (tests/explain_corpus) ---------
     # Specific entries first: a line goes to the first entry that matches it.
     Cause("cuda-arch-unsupported", "this PyTorch build has no kernels for the GPU",

@@ -29,21 +29,26 @@ class Match:
     evidence: str = ""
     count: int = 0
     extra: str = ""
+    groups: dict = field(default_factory=dict)  # the first match's named groups: fill ``{name}`` in the text
 
     def to_dict(self) -> dict:
         return {"id": self.cause.id, "title": self.cause.title, "ranks": sorted(self.ranks),
                 "evidence": self.evidence, "count": self.count, "meaning": self.meaning,
-                "confirm": self.cause.confirm, "fix": self.fix}
+                "confirm": self.confirm, "fix": self.fix}
 
     @property
     def meaning(self) -> str:
-        return self.cause.meaning + (f" {self.extra}" if self.extra else "")
+        return _fill(self.cause.meaning, self.groups) + (f" {self.extra}" if self.extra else "")
 
     @property
     def fix(self) -> str:
         if self.cause.id == "killed-by-signal" and self.extra:
             return self._signal_fix()
-        return self.cause.fix
+        return _fill(self.cause.fix, self.groups)
+
+    @property
+    def confirm(self) -> str:
+        return _fill(self.cause.confirm, self.groups)
 
     def _signal_fix(self) -> str:
         name = self.extra.split()[0].rstrip(".") if self.extra else ""
@@ -51,6 +56,14 @@ class Match:
             return signal_hint(int(signal.Signals[name]))
         except KeyError:
             return signal_hint(-1)
+
+
+
+def _fill(text: str, groups: dict) -> str:
+    """``{name}`` in a catalogue text replaced by the named group of the same name (unknown names stay)."""
+    if not groups or "{" not in text:
+        return text
+    return re.sub(r"\{(\w+)\}", lambda m: str(groups.get(m.group(1), m.group(0))), text)
 
 
 
@@ -78,14 +91,42 @@ _SUMMARY_END = re.compile(r"^\s*(\[\d+\]:|Root Cause|Other Failures|=+\s*$)")
 
 
 
+_SPAWN_BLOCK = re.compile(r"^-- Process (\d+) terminated with the following error:")
+
+
+
+_SPAWN_EXITED = re.compile(r"ProcessExitedException: process (\d+) terminated with (?:exit code (-?\d+)|signal (\w+))")
+
+
+
 def ranks_of_lines(lines: Sequence[str]) -> list:
-    """The rank each line came from (``None`` when it does not say), using prefixes and summaries."""
+    """The rank each line came from (``None`` when it does not say), using prefixes and summaries.
+
+    ``mp.spawn``'s report (``-- Process 1 terminated with the following error:`` and the child's
+    traceback after it, up to its exception line) belongs to that process index.
+    """
     ranks: list = []
     summary_rank: Optional[int] = None
+    spawn_rank: Optional[int] = None
     for line in lines:
         m = _PREFIX.match(line)
         if m:
             ranks.append(int(m.group(1)))
+            continue
+        sp = _SPAWN_BLOCK.match(line)
+        if sp:
+            spawn_rank = int(sp.group(1))
+            ranks.append(spawn_rank)
+            continue
+        if spawn_rank is not None:
+            ranks.append(spawn_rank)
+            if line and not line[0].isspace() and not line.startswith(("Traceback", "The above exception",
+                                                                          "During handling")):
+                spawn_rank = None  # the child's exception line ends its traceback
+            continue
+        ex = _SPAWN_EXITED.search(line)
+        if ex:
+            ranks.append(int(ex.group(1)))
             continue
         s = _SUMMARY_RANK.match(line)
         if s:
@@ -109,9 +150,11 @@ def _signal_name(m: re.Match) -> str:
 
 
 
-def _first_hit(line: str, table: list):
+def _first_hit(line: str, table: list, rank: Optional[int] = None):
     """The first cause (in table order) whose regex matches ``line``, with the regex match."""
     for cause, regexes in table:
+        if cause.from_ranks and rank is None:
+            continue
         for rx in regexes:
             m = rx.search(line)
             if m and not (cause.id == "killed-by-signal" and _signal_name(m) in _STOP_SIGNALS):
@@ -138,6 +181,34 @@ _TB_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func
 
 
 
+def _spawn_failure(lines: Sequence[str]) -> Optional[str]:
+    """``mp.spawn``'s report in one line: ``process 1 of mp.spawn raised RuntimeError: boom at train
+    (proj/train.py:22)``, ``... exited with code 3`` or ``... was killed by SIGKILL``."""
+    for i, line in enumerate(lines):
+        ex = _SPAWN_EXITED.search(line)
+        if ex:
+            who = f"process {ex.group(1)} of mp.spawn"
+            return f"{who} was killed by {ex.group(3)}" if ex.group(3) else f"{who} exited with code {ex.group(2)}"
+        sp = _SPAWN_BLOCK.match(line)
+        if not sp:
+            continue
+        exc, where = "", ""
+        for body in lines[i + 1:]:
+            f = _TB_FRAME.search(body)
+            if f:
+                if "/site-packages/" not in f.group("file") and "/lib/python" not in f.group("file"):
+                    where = f"{f.group('func')} ({'/'.join(f.group('file').split('/')[-2:])}:{f.group('line')})"
+                continue
+            if body and not body[0].isspace() and not body.startswith(("Traceback", "The above exception",
+                                                                         "During handling")):
+                exc = body.strip() if len(body.strip()) <= 160 else body.strip()[:157] + "..."
+                break
+        out = f"process {sp.group(1)} of mp.spawn raised" + (f" {exc}" if exc else " an exception")
+        return out + (f" at {where}" if where else "")
+    return None
+
+
+
 def first_failure(text: str) -> Optional[str]:
     """torchrun's root cause in one line: ``rank 1 exited with code 1: RuntimeError: boom (train.py:22)``.
 
@@ -158,7 +229,8 @@ EVIDENCE_WHOLE_CHARS = 2 << 20
 """Up to this size the evidence pass reads every line; beyond, only the candidate lines (bounded memory)."""
 _ROOT_WINDOW = 12  # lines of torchrun's Root Cause block read for the rank and the exit code
 # Lines that matter to first_failure besides the catalogue's: exceptions, traceback frames, Root Cause.
-_EXTRA_TRIGGERS = ("Error", "Exception", "Interrupt", 'File "', "Root Cause (first observed failure)")
+_EXTRA_TRIGGERS = ("Error", "Exception", "Interrupt", 'File "', "Root Cause (first observed failure)",
+                   "terminated with")
 
 
 @dataclass
@@ -209,6 +281,8 @@ class LogScanner:
         self._root: Optional[list] = None
         self._root_need = 0
         self._per_rank: dict = {}
+        self._spawn_rank: Optional[int] = None
+        self._spawn_line: Optional[int] = None
         self._kept: list = []  # candidate lines, for the evidence pass when streaming
         # every line while the text is at most EVIDENCE_WHOLE_CHARS (the evidence pass reads them all)
         self._all: Optional[list] = []
@@ -317,17 +391,29 @@ class LogScanner:
         if len(self._kept) < _MAX_KEPT:
             self._kept.append(line)
         m = _PREFIX.match(line)
+        sp = _SPAWN_BLOCK.match(line)
         if m:
             rank: Optional[int] = int(m.group(1))
+        elif sp:  # mp.spawn's report: the child's traceback after it belongs to that process index
+            rank = self._spawn_rank = int(sp.group(1))
+        elif self._spawn_rank is not None:
+            rank = self._spawn_rank
+            if line and not line[0].isspace() and not line.startswith(("Traceback", "The above exception",
+                                                                          "During handling")):
+                self._spawn_rank = None  # the child's exception line ends its traceback
         else:
             n = _NCCL_RANK.search(line)
-            rank = int(n.group(1)) if n else self._summary_rank(line, block, ls)
-        cause, hit = self._first_hit(line)
+            ex = _SPAWN_EXITED.search(line)
+            rank = int(n.group(1)) if n else (int(ex.group(1)) if ex else self._summary_rank(line, block, ls))
+        if self._spawn_line is None and (sp or _SPAWN_EXITED.search(line)):
+            self._spawn_line = len(self._kept) - 1
+        cause, hit = self._first_hit(line, rank)
         if cause is not None:
             match = self._found.setdefault(cause.id, Match(cause))
             match.count += 1
             if not match.evidence:
                 match.evidence = safe_text(_PREFIX.sub("", line).strip()[:240])
+                match.groups = {k: v for k, v in hit.groupdict().items() if v is not None}
             if rank is not None:
                 match.ranks.add(rank)
             if cause.id == "killed-by-signal" and not match.extra:
@@ -349,7 +435,7 @@ class LogScanner:
         elif _EXC_LINE.match(body) and not body.startswith("Traceback"):
             self._per_rank.setdefault(rank, ["", ""])[0] = body if len(body) <= 160 else body[:157] + "..."
 
-    def _first_hit(self, line: str) -> tuple:
+    def _first_hit(self, line: str, rank: Optional[int] = None) -> tuple:
         """:func:`_first_hit`, skipping the patterns whose literals are not in the line."""
         plausible = set(self._always)
         for lit, indices in self._by_literal.items():
@@ -357,6 +443,8 @@ class LogScanner:
                 plausible.update(indices)
         for i in sorted(plausible):
             cause, rx = self._flat[i]
+            if cause.from_ranks and rank is None:
+                continue
             m = rx.search(line)
             if m and not (cause.id == "killed-by-signal" and _signal_name(m) in _STOP_SIGNALS):
                 return cause, m
@@ -384,6 +472,8 @@ class LogScanner:
 
     def _first_failure(self) -> Optional[str]:
         if self._root is None:
+            if self._spawn_line is not None:
+                return _spawn_failure(self._kept[self._spawn_line:])
             return None
         rank = code = None
         for line in self._root:

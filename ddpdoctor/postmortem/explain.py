@@ -60,7 +60,7 @@ def render_matches(matches: Sequence[Match], source: str, first: Optional[str] =
         out.append(f"- {m.cause.id}: {m.cause.title}{who}")
         out.append(f"    seen:    {safe_text(m.evidence)}" + (f"  [x{m.count}]" if m.count > 1 else ""))
         out.append(f"    means:   {m.meaning}")
-        out.append(f"    confirm: {m.cause.confirm}")
+        out.append(f"    confirm: {m.confirm}")
         out.append(f"    fix:     {m.fix}")
     return out + tail
 

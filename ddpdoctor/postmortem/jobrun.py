@@ -2,33 +2,55 @@
 
 Job states (the state machine of :func:`run_job`)::
 
-    RUNNING --launcher exits-->                 FINISHED  (exit with the job's code; verdict if non-zero)
-    RUNNING --no progress for hang_timeout-->   HUNG      (grouped stacks + explain, saved; then stop,
-                                                           exit 124; with keep_hung: keep waiting)
-    RUNNING --SIGINT/SIGTERM to us-->           forwarded to the launcher; it decides; exit with its code
+    RUNNING --launcher exits 0, no rank died-->   OK        (one summary line; the run directory is removed
+                                                             unless --keep)
+    RUNNING --launcher exits non-zero-->          FAILED    (verdict: the rank that failed first and its words,
+                                                             where the others were, the launcher's own
+                                                             traceback summarised; exit with the job's code)
+    RUNNING --a rank died, the others idle
+              for DEATH_GRACE s-->                FAILED    (the same verdict; the job is stopped; exit 1)
+    RUNNING --no progress for hang_timeout-->     HUNG      (grouped stacks + explain, saved; then stop,
+                                                             exit 124; with keep_hung: keep waiting)
+    RUNNING --SIGINT/SIGTERM to us-->             forwarded to the launcher's process group; when the launcher
+                                                  is gone, what is left of the job is stopped too
 
-What is added to the job (and nothing else): a ``sitecustomize.py`` on ``PYTHONPATH`` that, in each
-rank, registers faulthandler on SIGUSR2 and keeps a one-line heartbeat of where the main thread is
-(see :mod:`ddpdoctor.postmortem.inject.sitecustomize`); PyTorch's own NCCL timeout diagnostics
-(``TORCH_NCCL_DUMP_ON_TIMEOUT=1``: the Flight Recorder writes its trace into the run directory) unless
-the user set them. A rank counts as making progress when its main thread moved since the last look,
-its CPU time grew by more than half a core, or the job wrote output. A job is stopped only after a
-hang was reported (SIGTERM to the launcher's process group and the ranks, a deadline, then SIGKILL);
-a healthy job is never signalled except to forward the user's own Ctrl-C or SIGTERM.
+What is added to the job (and nothing else): a ``sitecustomize.py`` on ``PYTHONPATH`` (see
+:mod:`ddpdoctor.postmortem.inject.sitecustomize`: in each rank, faulthandler on SIGUSR2, a heartbeat of
+where the main thread is, the rank number, how the process ended), ``DDPDOCTOR_RUN_*`` variables, and
+PyTorch's own NCCL timeout diagnostics (``TORCH_NCCL_DUMP_ON_TIMEOUT=1``: the Flight Recorder writes
+its trace into the run directory) unless the user set them.
+
+Ranks are the processes the hook registers: those with ``RANK`` (torchrun, srun, mpirun,
+``torch.distributed.launch``) and the ``multiprocessing`` children of the launched command
+(``mp.spawn``), named by their process-group rank (or ``mp.spawn``'s index before
+``init_process_group``). Progress, per rank: its main thread moved since the last look, its CPU time
+grew (it and its children: DataLoader workers; at least ``CPU_MIN_S`` and 1% of a core since the last
+credited growth, so a busy rank on a crowded machine counts and a waiting one does not), it read or
+wrote bytes (a rank reading a slow file is
+busy, not hung), or the job wrote output. The launcher and ``mp.spawn``'s parent only wait, so they are
+watched only while no rank is alive. Hung: no rank made progress for ``hang_timeout`` seconds.
+
+A healthy job is never signalled. Stack requests go only to live ranks whose handler is installed
+(checked in ``/proc/<pid>/status`` right before the signal); a rank that exits ignores the signal from
+its ``atexit`` on. A job is stopped only after a verdict, or when the user's Ctrl-C/SIGTERM left parts
+of it running: SIGTERM to the launcher's group and every process of the job (found by the
+``DDPDOCTOR_RUN_ID`` in its environment), a deadline, then SIGKILL. If ``ddpdoctor run`` itself is
+killed, :mod:`ddpdoctor.postmortem.watchdog` ends the job.
 """
 
 from __future__ import annotations
 
-import ctypes
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import IO, Optional
 
@@ -36,10 +58,16 @@ import psutil
 
 from ddpdoctor.exitcodes import ExitCode
 
-__all__ = ["RunSpec", "run_job", "job_env"]
+__all__ = ["RunSpec", "run_job", "job_env", "default_runs_root", "RAW_LOG", "DEATH_GRACE"]
 
 POLL = 0.2
-CPU_BUSY = 0.5  # core-seconds per second that count as progress
+CPU_BUSY = 0.01  # CPU growth (core-seconds per second, since the last credited growth) that counts as progress
+CPU_MIN_S = 0.03  # ... and at least this many CPU seconds: a rank waiting in a collective uses ~0, while a
+#                   busy rank on a crowded machine (a fraction of a core) still adds this in well under a second
+DEATH_GRACE = 5.0  # seconds the others may sit idle after a rank died before the verdict (capped by hang_timeout)
+RAW_LOG = "output.raw.log"  # the job's bytes as written, unredacted: mode 0600
+_OWN_FILES = ("proc-*.json", "beat-*", "stacks-*.txt", "exit-*.json", ".proc-*", ".exit-*", RAW_LOG, "stacks.txt",
+              "verdict.txt", "verdict.json", "flight-recorder-rank*")
 
 
 @dataclass
@@ -49,36 +77,39 @@ class RunSpec:
     Args:
         command: the launcher and training command, unchanged.
         hang_timeout: seconds without progress on any rank before the job counts as hung.
-        run_dir: where output, stacks and the verdict go (default: ``./ddpdoctor-run-<time>-<pid>``).
+        run_dir: where output, stacks and the verdict go (default: a new directory under
+            :func:`default_runs_root`).
+        keep: keep the run directory even when the job succeeded.
         keep_hung: report a hang but leave the job running.
-        stop_grace: seconds between SIGTERM and SIGKILL when stopping a hung job.
+        stop_grace: seconds between SIGTERM and SIGKILL when stopping a job.
     """
 
     command: list
     hang_timeout: float = 300.0
     run_dir: Optional[str] = None
+    keep: bool = False
     keep_hung: bool = False
     stop_grace: float = 10.0
     stack_wait: float = 3.0
     err: IO = field(default_factory=lambda: sys.stderr)
 
 
-@dataclass
-class _Rank:
-    pid: int
-    rank: Optional[int]
-    beat_file: str
-    beat: bytes = b""
-    cpu: float = 0.0
-    alive: bool = True
+def default_runs_root() -> str:
+    """``$XDG_STATE_HOME/ddpdoctor/runs`` (``~/.local/state/ddpdoctor/runs`` when unset or relative)."""
+    state = os.environ.get("XDG_STATE_HOME", "")
+    if not os.path.isabs(state):
+        state = os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(state, "ddpdoctor", "runs")
 
 
-def job_env(run_dir: str, inject_dir: str, base: dict) -> dict:
+def job_env(run_dir: str, inject_dir: str, base: dict, run_id: str = "") -> dict:
     """The job's environment: the user's, plus the handler on PYTHONPATH and PyTorch's own aids."""
     env = dict(base)
     env["PYTHONPATH"] = inject_dir + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["DDPDOCTOR_RUN_DIR"] = run_dir
     env["DDPDOCTOR_RUN_PID"] = str(os.getpid())
+    env["DDPDOCTOR_RUN_ID"] = run_id or uuid.uuid4().hex
+    env.pop("DDPDOCTOR_RANK_MARK", None)
     env.setdefault("DDPDOCTOR_STACK_SIGNAL", "SIGUSR2")
     env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
     if not (env.get("TORCH_FR_BUFFER_SIZE") or env.get("TORCH_NCCL_TRACE_BUFFER_SIZE")):
@@ -100,39 +131,123 @@ def _torch_version() -> tuple:
         return (0, 0)
 
 
-def _prepare_dir(spec: RunSpec) -> tuple:
-    run_dir = os.path.abspath(spec.run_dir or f"ddpdoctor-run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
-    inject = os.path.join(run_dir, ".inject")
-    os.makedirs(inject, exist_ok=True)
-    shutil.copy(os.path.join(os.path.dirname(__file__), "inject", "sitecustomize.py"), inject)
-    return run_dir, inject
+# ---------------------------------------------------------------------------------------------------
+# The run directory
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+@dataclass
+class _RunDir:
+    path: str
+    inject: str
+    created: bool  # we made the directory itself (so removing it whole is ours to do)
+
+
+def _prepare_dir(spec: RunSpec) -> _RunDir:
+    """Create (or reuse, for an existing real ``--dir``) the run directory, user-only.
+
+    Raises:
+        UsageError: the path is a symbolic link, not a directory, or cannot be created.
+    """
+    from ddpdoctor.errors import UsageError
+
+    explicit = spec.run_dir is not None
+    if explicit:
+        path = os.path.abspath(spec.run_dir)
+    else:
+        path = os.path.join(default_runs_root(), f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    shown = spec.run_dir if explicit else path
+    created = False
     try:
-        ctypes.CDLL(None).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+        if os.path.islink(path):
+            raise UsageError("run-dir", f"--dir {shown} is a symbolic link; ddpdoctor run does not write "
+                             "through a link it did not create", "pass a real directory or a new path")
+        if os.path.lexists(path):
+            if not os.path.isdir(path):
+                raise UsageError("run-dir", f"--dir {shown} exists and is not a directory",
+                                 "pass a directory or a new path")
+            _clear_own_files(path)
+        else:
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            os.mkdir(path, 0o700)
+            created = True
+        inject = os.path.join(path, ".inject")
+        if os.path.islink(inject):
+            os.unlink(inject)
+        os.makedirs(inject, mode=0o700, exist_ok=True)
+        target = os.path.join(inject, "sitecustomize.py")
+        if os.path.lexists(target):
+            os.unlink(target)
+        with open(os.path.join(os.path.dirname(__file__), "inject", "sitecustomize.py"), "rb") as src:
+            data = src.read()
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    except OSError as exc:
+        raise UsageError("run-dir", f"cannot use --dir {shown}: {exc.strerror or exc}" if explicit else
+                         f"cannot create the run directory {path}: {exc.strerror or exc}",
+                         "pass a writable directory with --dir" if explicit else
+                         "set XDG_STATE_HOME to a writable directory, or pass --dir") from None
+    return _RunDir(path, inject, created)
+
+
+def _clear_own_files(path: str) -> None:
+    """Remove what an earlier run left in a reused ``--dir`` (never follows a link: unlink removes the link)."""
+    for pattern in _OWN_FILES:
+        for f in glob.glob(os.path.join(glob.escape(path), pattern)):
+            if os.path.islink(f) or os.path.isfile(f):
+                os.unlink(f)
+    inject = os.path.join(path, ".inject")
+    if os.path.islink(inject):
+        os.unlink(inject)
+    elif os.path.isdir(inject):
+        shutil.rmtree(inject, ignore_errors=True)
+
+
+def _remove_dir(rd: _RunDir) -> None:
+    """Remove the run's files (the whole directory when this run created it)."""
+    if rd.created:
+        shutil.rmtree(rd.path, ignore_errors=True)
+        return
+    _clear_own_files(rd.path)
+
+
+def _write_private(path: str, data: str) -> None:
+    """Write a file of the run directory: never through a link, user-only."""
+    if os.path.islink(path):
+        os.unlink(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(data)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Output and the watchdog
 
 
 class _Tee:
-    """Copies the job's stdout/stderr to ours and to ``output.log``; counts bytes (a progress signal)."""
+    """Copies the job's stdout/stderr byte for byte to ours and to the raw log; counts bytes (progress)."""
 
     def __init__(self, log_path: str) -> None:
-        self.log = open(log_path, "ab")
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        self.log = os.fdopen(fd, "ab")
         self.lock = threading.Lock()
         self.bytes = 0
         self.threads: list = []
+        self.pipes: list = []
 
     def start(self, pipe: IO[bytes], sink: IO[bytes]) -> None:
         t = threading.Thread(target=self._pump, args=(pipe, sink), daemon=True)
         t.start()
         self.threads.append(t)
+        self.pipes.append(pipe)
 
     def _pump(self, pipe: IO[bytes], sink: IO[bytes]) -> None:
         fd = pipe.fileno()
         while True:
-            chunk = os.read(fd, 65536)
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
             if not chunk:
                 break
             with self.lock:
@@ -148,153 +263,364 @@ class _Tee:
     def close(self) -> None:
         for t in self.threads:
             t.join(timeout=5)
+        for pipe in self.pipes:
+            if not any(t.is_alive() for t in self.threads):
+                pipe.close()
         self.log.close()
 
 
+class _Watchdog:
+    """The process that ends the job if ``ddpdoctor run`` dies (see :mod:`ddpdoctor.postmortem.watchdog`)."""
+
+    def __init__(self, run_id: str) -> None:
+        script = os.path.join(os.path.dirname(__file__), "watchdog.py")
+        self.proc: Optional[subprocess.Popen] = None
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-I", "-S", script, run_id], stdin=subprocess.PIPE,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                         start_new_session=True)
+        except OSError:
+            self.proc = None
+
+    def tell(self, line: str) -> None:
+        if self.proc is not None and self.proc.stdin is not None:
+            try:
+                self.proc.stdin.write(line.encode() + b"\n")
+                self.proc.stdin.flush()
+            except (OSError, ValueError):
+                pass
+
+    def done(self) -> None:
+        """Normal end: the job is already stopped and reaped; let the watchdog go."""
+        if self.proc is None:
+            return
+        self.tell("done")
+        try:
+            self.proc.stdin.close()  # type: ignore[union-attr]
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+# ---------------------------------------------------------------------------------------------------
+# The ranks and their progress
+
+
+@dataclass
+class _Proc:
+    pid: int
+    role: str
+    rank: Optional[int]
+    index: Optional[int]
+    beat_file: str
+    info: dict
+    beat: bytes = b""
+    cpu: float = 0.0  # CPU seconds when growth was last credited as progress
+    cpu_at: float = 0.0  # ... and when (monotonic)
+    io: int = 0
+    alive: bool = True
+    end: Optional[dict] = None  # the hook's exit record (None: ended by a signal or os._exit)
+    ended_at: float = 0.0
+
+    @property
+    def label(self) -> str:
+        if self.rank is not None:
+            return f"rank {self.rank}"
+        if self.index is not None:
+            return f"process {self.index}"
+        return f"pid {self.pid}"
+
+    @property
+    def is_rank(self) -> bool:
+        return self.role in ("rank", "spawn")
+
+    def death(self) -> Optional[str]:
+        """How this ended process failed, in words; None for a normal exit (code 0)."""
+        e = self.end
+        if e is None:
+            return "ended without a Python exit (killed by a signal)"
+        if e.get("how") == "raised":
+            return f"raised {e.get('exception', '')}" + (f" at {e['where']}" if e.get("where") else "")
+        code = e.get("code")
+        if code not in (0, None):
+            return f"exited with code {code}"
+        return None
+
+
 class _Watch:
-    """The ranks of the job (found through the handler's ``proc-<pid>.json``) and their progress."""
+    """The job's processes (found through the hook's ``proc-<pid>.json``) and their progress."""
 
     def __init__(self, run_dir: str) -> None:
         self.run_dir = run_dir
-        self.ranks: dict = {}
-        self.deaths: list = []
-        self.launchers: set = set()
+        self.procs: dict = {}
+        self.deaths: list = []  # ranks that failed, in the order seen
+        self.exits: list = []  # ranks that exited normally
 
     def discover(self) -> None:
-        for path in glob.glob(os.path.join(self.run_dir, "proc-*.json")):
+        for path in glob.glob(os.path.join(glob.escape(self.run_dir), "proc-*.json")):
             pid = int(os.path.basename(path)[5:-5])
-            if pid in self.ranks or pid in self.launchers:
+            known = self.procs.get(pid)
+            if known is not None and (known.rank is not None or not known.is_rank or not known.alive):
                 continue
             try:
                 with open(path) as f:
                     info = json.load(f)
             except (OSError, ValueError):
                 continue
-            rank = int(info["rank"]) if info.get("rank") not in (None, "") else None
-            if rank is None and _is_launcher(info.get("argv") or []):
-                self.launchers.add(pid)
+            rank = info.get("rank")
+            rank = int(rank) if isinstance(rank, int) or (isinstance(rank, str) and rank.isdigit()) else None
+            index = info.get("index") if isinstance(info.get("index"), int) else None
+            if known is not None:
+                known.rank, known.index, known.info = rank, index, info
                 continue
-            self.ranks[pid] = _Rank(pid, rank, info["beat_file"], cpu=_cpu(pid))
+            role = info.get("role") or ("rank" if rank is not None else "top")
+            p = _Proc(pid, role, rank, index, info["beat_file"], info)
+            p.cpu, p.io = _usage(pid)
+            p.cpu_at = time.monotonic()
+            self.procs[pid] = p
 
-    def rank_procs(self) -> list:
-        """Registered processes that are ranks (those with RANK; else the single launched process)."""
-        with_rank = [r for r in self.ranks.values() if r.rank is not None]
-        return with_rank or list(self.ranks.values())
+    def ranks(self) -> list:
+        return sorted((p for p in self.procs.values() if p.is_rank),
+                      key=lambda p: (p.rank is None, p.rank if p.rank is not None else p.index or 0, p.pid))
 
-    def progressed(self, dt: float) -> bool:
+    def live_ranks(self) -> list:
+        return [p for p in self.ranks() if p.alive]
+
+    def watched(self) -> list:
+        """Live ranks; when none is alive (not started yet, or all ended), the launched command itself."""
+        live = self.live_ranks()
+        return live or [p for p in self.procs.values() if not p.is_rank and p.alive]
+
+    def sample(self, dt: float) -> bool:
+        """Look at every watched process once; True when one of them made progress."""
         moved = False
-        for r in self.rank_procs():
-            if not r.alive:
-                continue
-            if not psutil.pid_exists(r.pid) or _zombie(r.pid):
-                r.alive = False
-                self.deaths.append(r)
+        for p in self.watched():
+            if not _running(p.pid):
+                self._ended(p)
                 continue
             try:
-                with open(r.beat_file, "rb") as f:
+                with open(p.beat_file, "rb") as f:
                     beat = f.read(13)
             except OSError:
-                beat = r.beat
-            cpu = _cpu(r.pid)
-            if beat != r.beat or (cpu - r.cpu) > CPU_BUSY * dt:
+                beat = p.beat
+            cpu, io = _usage(p.pid)
+            now = time.monotonic()
+            busy = cpu - p.cpu >= max(CPU_MIN_S, CPU_BUSY * (now - p.cpu_at))
+            # past its atexit (the exit record is written): the interpreter is tearing down, not hung
+            exiting = os.path.exists(os.path.join(self.run_dir, f"exit-{p.pid}.json"))
+            if beat != p.beat or busy or io != p.io or exiting:
                 moved = True
-            r.beat, r.cpu = beat, cpu
+            if busy:
+                p.cpu, p.cpu_at = cpu, now
+            p.beat, p.io = beat, io
+        for p in self.ranks():  # ranks that ended while not watched (none are, while one lives)
+            if p.alive and not _running(p.pid):
+                self._ended(p)
         return moved
 
+    def _ended(self, p: _Proc) -> None:
+        p.alive = False
+        p.ended_at = time.monotonic()
+        try:
+            with open(os.path.join(self.run_dir, f"exit-{p.pid}.json")) as f:
+                p.end = json.load(f)
+        except (OSError, ValueError):
+            p.end = None
+        if not p.is_rank:
+            return
+        (self.deaths if p.death() else self.exits).append(p)
 
-_LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "accelerate", "deepspeed")
+    def first_death(self) -> Optional[_Proc]:
+        """The rank that failed first: among the deaths seen in the first poll window, the earliest by
+        the time its hook wrote (a peer's "connection closed" comes after the real failure); a rank
+        that vanished (a signal: often the launcher's SIGTERM to the others) only when none recorded."""
+        if not self.deaths:
+            return None
+        t0 = self.deaths[0].ended_at
+        same = [p for p in self.deaths if p.ended_at - t0 < 2 * POLL + 1.0]
+        return min(same, key=lambda p: (_consequence(p), p.end is None, (p.end or {}).get("t", float("inf")),
+                                        same.index(p)))
 
 
-def _is_launcher(argv: list) -> bool:
-    return any(os.path.basename(a) in _LAUNCHERS or a in _LAUNCHERS for a in argv[:3])
+def _consequence(p: _Proc) -> bool:
+    """A rank that raised because a peer went away ("Connection closed by peer"): a victim, not the cause."""
+    from ddpdoctor.causes.matcher import explain_text
+
+    text = (p.end or {}).get("exception", "")
+    return bool(text) and any(m.cause.id == "peer-closed" for m in explain_text(text))
 
 
-def _cpu(pid: int) -> float:
+def _usage(pid: int) -> tuple:
+    """CPU seconds and bytes read+written by ``pid`` and its descendants (DataLoader workers)."""
+    cpu, io = 0.0, 0
     try:
-        t = psutil.Process(pid).cpu_times()
-        return t.user + t.system
+        me = psutil.Process(pid)
+        family = [me] + me.children(recursive=True)
     except psutil.Error:
-        return 0.0
+        return cpu, io
+    for q in family:
+        try:
+            with q.oneshot():
+                t = q.cpu_times()
+                cpu += t.user + t.system
+                c = q.io_counters()
+                io += c.read_chars + c.write_chars
+        except (psutil.Error, AttributeError):
+            continue
+    return cpu, io
 
 
-def _zombie(pid: int) -> bool:
+def _running(pid: int) -> bool:
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
-        return True
+        return False
 
 
-def _signal_job(proc: subprocess.Popen, ranks: list, sig: int) -> None:
+# ---------------------------------------------------------------------------------------------------
+# Stopping the job
+
+
+def _job_pids(run_id: str) -> list:
+    from ddpdoctor.postmortem.watchdog import tagged_pids
+
+    return tagged_pids(run_id)
+
+
+def _signal_job(proc: subprocess.Popen, run_id: str, sig: int) -> list:
+    """``sig`` to the launcher's process group and every process of the job; the PIDs signalled."""
     try:
         os.killpg(proc.pid, sig)
     except OSError:
         pass
-    for r in ranks:
+    pids = _job_pids(run_id)
+    for pid in pids:
         try:
-            os.kill(r.pid, sig)
+            os.kill(pid, sig)
         except OSError:
             pass
+    return pids
 
 
-def _stop(proc: subprocess.Popen, watch: _Watch, grace: float) -> None:
-    """SIGTERM to the launcher's group and every rank, ``grace`` seconds, then SIGKILL."""
-    everyone = list(watch.ranks.values())
-    _signal_job(proc, everyone, signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        pass
+def _stop(proc: subprocess.Popen, run_id: str, grace: float) -> None:
+    """SIGTERM to the whole job, ``grace`` seconds, then SIGKILL to what is left; reap the launcher."""
+    _signal_job(proc, run_id, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(psutil.pid_exists(r.pid) and not _zombie(r.pid) for r in everyone):
+    while time.monotonic() < deadline:
+        if proc.poll() is not None and not _job_pids(run_id):
+            break
         time.sleep(0.05)
-    _signal_job(proc, everyone, signal.SIGKILL)
+    _leave_nothing(proc, run_id)
+
+
+def _leave_nothing(proc: subprocess.Popen, run_id: str) -> None:
+    """SIGKILL whatever of the job is left (its launcher included) and reap the launcher."""
+    for _ in range(100):
+        left = _signal_job(proc, run_id, signal.SIGKILL) if proc.poll() is None or _job_pids(run_id) else []
+        if not left and proc.poll() is not None:
+            break
+        time.sleep(0.05)
     proc.wait()
+
+
+def _settle(proc: subprocess.Popen, run_id: str, grace: float) -> None:
+    """The launcher exited: processes of the job it left behind get ``grace`` s, SIGTERM, then SIGKILL."""
+    end = time.monotonic() + min(grace, 2.0)
+    while _job_pids(run_id) and time.monotonic() < end:
+        time.sleep(0.05)
+    if _job_pids(run_id):
+        _stop(proc, run_id, grace)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The verdict
 
 
 def _read_live(watch: _Watch, run_dir: str, wait: float, only_read: bool = False) -> list:
     from ddpdoctor.postmortem.stacks import RankProcess, read_stacks
 
-    live = [r for r in watch.rank_procs() if r.alive and psutil.pid_exists(r.pid) and not _zombie(r.pid)]
-    readings = read_stacks([RankProcess(r.pid, r.rank, run_dir=run_dir) for r in live], wait)
+    live = [p for p in watch.live_ranks() if _running(p.pid)] or \
+        [p for p in watch.procs.values() if p.alive and _running(p.pid)]
+    procs = [RankProcess(p.pid, p.rank, run_dir=run_dir, index=p.index) for p in live]
+    readings = read_stacks(procs, wait)
     return [r for r in readings if r.stack or not only_read]
 
 
-def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, headline: str, with_stacks: bool,
-             readings: Optional[list] = None) -> list:
-    """Grouped stacks (when asked) and what explain makes of the log; saved in the run directory."""
+_LAUNCHER_EXC = re.compile(r"^(?P<exc>(?:torch\.distributed\.elastic\.multiprocessing\.errors\.ChildFailedError|"
+                           r"torch\.multiprocessing\.spawn\.Process(?:Raised|Exited)Exception|"
+                           r"subprocess\.CalledProcessError))\b")
+
+
+def _launcher_summary(text: str) -> Optional[str]:
+    """The launcher's own closing traceback, in one line (it reports the rank's failure; it is not the cause)."""
+    exc = None
+    for line in text.splitlines():
+        m = _LAUNCHER_EXC.match(line.strip())
+        if m:
+            exc = m.group("exc").rsplit(".", 1)[-1]
+    return exc
+
+
+def _tail(path: str, limit: int = 8 << 20) -> str:
+    """The log's last ``limit`` bytes (the failure is at the end; a huge log must not stall the verdict)."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(0, size - limit))
+        return f.read().decode("utf-8", errors="replace")
+
+
+def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: str, readings: list,
+             code: Optional[int] = None) -> list:
+    """The verdict: cause first, then where the others were, the launcher's part, explain; saved."""
     from ddpdoctor.causes.matcher import explain_text, first_failure
     from ddpdoctor.postmortem.explain import render_matches
     from ddpdoctor.postmortem.stacks import render_groups
 
-    lines = [f"ddpdoctor run: {headline}"]
-    readings = list(readings or [])
-    if with_stacks:
-        readings = _read_live(watch, run_dir, spec.stack_wait)
-    if readings:
-        if not with_stacks:
-            lines.append("  where the other ranks were when the first one died:")
-        lines += ["  " + line for line in render_groups(readings)]
-    for r in watch.deaths:
-        lines.append(f"  rank {r.rank if r.rank is not None else '?'} (pid {r.pid}) died")
-    log_path = os.path.join(run_dir, "output.log")
-    with open(log_path, encoding="utf-8", errors="replace") as f:
-        text = f.read()
+    text = _tail(os.path.join(run_dir, RAW_LOG))
     matches = explain_text(text)
     first = first_failure(text)
+    dead = watch.first_death()
+    cause = None
+    if dead is not None:
+        cause = f"{dead.label} {dead.death()}"
+    if first and (dead is None or dead.end is None or dead.end.get("how") != "raised"):
+        cause = first  # the launcher's report names the exception when the hook could not (mp.spawn, torchrun)
+    lines = [f"ddpdoctor run: {headline}" + (f"; cause: {cause}" if cause and kind != "hung" else "")]
+    if kind == "hung" and cause:
+        lines.append(f"  before it hung: {cause}")
+    if readings:
+        if kind != "hung":
+            who = dead.label if dead is not None else "the first rank"
+            lines.append(f"  where the other ranks were when {who} ended:")
+        lines += ["  " + line for line in render_groups(readings)]
+    for p in watch.deaths:
+        if p is not dead:
+            lines.append(f"  {p.label} (pid {p.pid}) {p.death()}" + (
+                (" after the first failure (most likely stopped by the launcher)" if p.end is None else
+                 " after the first failure") if dead else ""))
+    launcher = _launcher_summary(text)
+    if launcher and kind != "hung":
+        lines.append(f"  the launcher's traceback above ({launcher}) is its report of that failure, not another "
+                     "cause")
     if matches or first:
-        lines += ["  " + line for line in render_matches(matches, "explain (output.log)", first)]
-    with open(os.path.join(run_dir, "stacks.txt"), "w") as f:
-        for r in readings:
-            f.write(f"--- {r.proc.label} (pid {r.proc.pid}), read with {r.method}: {r.place}\n{r.stack or r.error}\n")
-    lines.append(f"  saved in {run_dir} (output.log, stacks.txt, verdict.txt, verdict.json)")
-    with open(os.path.join(run_dir, "verdict.txt"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    with open(os.path.join(run_dir, "verdict.json"), "w") as f:
-        json.dump({"schema": 1, "headline": headline, "first_failure": first,
-                   "causes": [m.to_dict() for m in matches],
-                   "stacks": [{"rank": r.proc.rank, "pid": r.proc.pid, "method": r.method, "place": r.place}
-                              for r in readings],
-                   "deaths": [{"rank": r.rank, "pid": r.pid} for r in watch.deaths]}, f, indent=2)
+        lines += ["  " + line for line in render_matches(matches, f"explain ({RAW_LOG})", first)]
+    lines.append(f"  saved in {run_dir} ({RAW_LOG}, stacks.txt, verdict.txt, verdict.json)")
+    _write_private(os.path.join(run_dir, "stacks.txt"), "".join(
+        f"--- {r.proc.label} (pid {r.proc.pid}), read with {r.method}: {r.place}\n{r.stack or r.error}\n"
+        for r in readings))
+    _write_private(os.path.join(run_dir, "verdict.txt"), "\n".join(lines) + "\n")
+    _write_private(os.path.join(run_dir, "verdict.json"), json.dumps({
+        "schema": 1, "kind": kind, "headline": headline, "exit_code": code, "cause": cause, "first_failure": first,
+        "causes": [m.to_dict() for m in matches],
+        "stacks": [{"rank": r.proc.rank, "pid": r.proc.pid, "method": r.method, "place": r.place} for r in readings],
+        "ranks": [{"rank": p.rank, "index": p.index, "pid": p.pid,
+                   "state": "alive" if p.alive else (p.death() or "exited with code 0")} for p in watch.ranks()],
+        "deaths": [{"rank": p.rank, "pid": p.pid, "how": p.death()} for p in watch.deaths]}, indent=2))
     return lines
 
 
@@ -306,21 +632,28 @@ def run_job(spec: RunSpec) -> int:
     """Run ``spec.command``; returns the job's exit code, or 124 when it hung.
 
     Raises:
-        UsageError: the command cannot be started.
+        UsageError: the run directory cannot be used or the command cannot be started.
     """
     from ddpdoctor.errors import UsageError
 
-    run_dir, inject = _prepare_dir(spec)
-    env = job_env(run_dir, inject, dict(os.environ))
+    rd = _prepare_dir(spec)
+    run_dir = rd.path
+    run_id = uuid.uuid4().hex
+    env = job_env(run_dir, rd.inject, dict(os.environ), run_id)
     env.setdefault("DDPDOCTOR_BEAT_S", f"{max(0.05, min(1.0, spec.hang_timeout / 10)):g}")
-    tee = _Tee(os.path.join(run_dir, "output.log"))
+    tee = _Tee(os.path.join(run_dir, RAW_LOG))
+    watchdog = _Watchdog(run_id)  # first: from here on, our death takes the job with it
+    started = time.monotonic()
     try:
         proc = subprocess.Popen(spec.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True, preexec_fn=_die_with_parent)
+                                start_new_session=True)
     except OSError as exc:
         tee.close()
+        watchdog.done()
+        _remove_dir(rd)
         raise UsageError("cannot-start", f"cannot start {spec.command[0]!r}: {exc.strerror}",
                          "check the command after --") from None
+    watchdog.tell(f"pgid {proc.pid}")
     tee.start(proc.stdout, sys.stdout.buffer)
     tee.start(proc.stderr, sys.stderr.buffer)
     watch = _Watch(run_dir)
@@ -328,15 +661,19 @@ def run_job(spec: RunSpec) -> int:
 
     def forward(signum: int, _frame: object) -> None:
         forwarded.append(signum)
-        sig = signal.SIGKILL if len(forwarded) > 2 else signum
-        _signal_job(proc, list(watch.ranks.values()) if sig == signal.SIGKILL else [], sig)
+        if len(forwarded) > 2:
+            _signal_job(proc, run_id, signal.SIGKILL)
+            return
+        try:
+            os.killpg(proc.pid, signum)
+        except OSError:
+            pass
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    hung = False
+    verdict_kind: Optional[str] = None
     try:
         last_progress = last = time.monotonic()
         out_bytes = 0
-        deaths_seen = 0
         snapshot: list = []
         poll = max(POLL, min(1.0, spec.hang_timeout / 20))
         while proc.poll() is None:
@@ -347,51 +684,86 @@ def run_job(spec: RunSpec) -> int:
                 pass
             now = time.monotonic()
             watch.discover()
-            moved = watch.progressed(now - last)
+            deaths_before = len(watch.deaths)
+            moved = watch.sample(now - last)
             if tee.bytes != out_bytes:
                 moved, out_bytes = True, tee.bytes
             last = now
-            if moved or not watch.ranks:
+            if moved or not watch.procs:
                 last_progress = now
-            if len(watch.deaths) > deaths_seen:
-                deaths_seen = len(watch.deaths)
-                if not snapshot:  # where the survivors were when a rank died (before torchrun stops them)
-                    snapshot = _read_live(watch, run_dir, wait=1.0, only_read=True)
-            if not hung and not forwarded and watch.ranks and now - last_progress >= spec.hang_timeout:
-                hung = True
-                lines = _verdict(spec, run_dir, watch,
-                                 f"hung: no rank made progress for {spec.hang_timeout:g}s", True)
+            if len(watch.deaths) > deaths_before and not snapshot and watch.live_ranks():
+                # where the survivors were when a rank died (before the launcher stops them)
+                snapshot = _read_live(watch, run_dir, wait=1.0, only_read=True)
+            if forwarded or verdict_kind:
+                continue
+            idle = now - last_progress
+            if watch.deaths and watch.live_ranks() and idle >= min(spec.hang_timeout, DEATH_GRACE):
+                verdict_kind = "failed"
+                if not snapshot:
+                    snapshot = _read_live(watch, run_dir, wait=spec.stack_wait, only_read=True)
+                dead = watch.first_death()
+                lines = _verdict(spec, run_dir, watch, "failed",
+                                 f"{dead.label if dead else 'a rank'} ended and the others were left waiting "
+                                 f"(no progress for {idle:.0f}s)", snapshot, 1)
+                lines.append(f"  stopping the job (SIGTERM, SIGKILL after {spec.stop_grace:g}s); exit 1")
+                _say(spec, lines)
+                _stop(proc, run_id, spec.stop_grace)
+                break
+            if watch.procs and idle >= spec.hang_timeout:
+                verdict_kind = "hung"
+                readings = _read_live(watch, run_dir, spec.stack_wait)
+                lines = _verdict(spec, run_dir, watch, "hung",
+                                 f"hung: no rank made progress for {spec.hang_timeout:g}s", readings,
+                                 int(ExitCode.HUNG))
                 if not spec.keep_hung:
                     lines.append(f"  stopping the job (SIGTERM, SIGKILL after {spec.stop_grace:g}s); "
                                  f"exit {int(ExitCode.HUNG)}")
                 _say(spec, lines)
                 if not spec.keep_hung:
-                    _stop(proc, watch, spec.stop_grace)
+                    _stop(proc, run_id, spec.stop_grace)
                     break
         proc.wait()
+        _settle(proc, run_id, spec.stop_grace)
+    except BaseException:
+        _leave_nothing(proc, run_id)
+        raise
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-        _reap(watch)
         tee.close()
+        watchdog.done()
+    watch.discover()
+    watch.sample(POLL)
     code = _exit_code(proc.returncode)
-    if hung and not spec.keep_hung:
+    elapsed = time.monotonic() - started
+    if verdict_kind == "hung" and not spec.keep_hung:
         return ExitCode.HUNG
-    if code != 0 and not forwarded and not hung:
-        _say(spec, _verdict(spec, run_dir, watch, f"the job failed (exit {code})", False, snapshot))
+    if verdict_kind == "failed":
+        return 1
+    if verdict_kind is None and not forwarded and (code != 0 or watch.deaths):
+        head = f"the job failed (exit {code})" if code != 0 else "the job exited 0, but a rank failed"
+        _say(spec, _verdict(spec, run_dir, watch, "failed", head, snapshot, code))
+        return code
+    if verdict_kind is None and not forwarded and code == 0:
+        n = len(watch.ranks())
+        who = f"{n} rank{'s' if n != 1 else ''}" if n else "1 process"
+        kept = spec.keep
+        line = f"ddpdoctor run: {who}, exit 0 in {elapsed:.0f} s, no hang, no rank died"
+        if kept:
+            line += f"; kept {run_dir}"
+        else:
+            _remove_dir(rd)
+        _say(spec, [line])
+        return code
+    if forwarded:
+        _say(spec, [f"ddpdoctor run: stopped by {signal.Signals(forwarded[0]).name} (exit {code}); "
+                    f"saved in {run_dir} ({RAW_LOG})"])
     return code
 
 
-def _reap(watch: _Watch) -> None:
-    """Nothing may outlive the command: kill ranks the launcher left behind."""
-    for r in watch.ranks.values():
-        if psutil.pid_exists(r.pid) and not _zombie(r.pid):
-            try:
-                os.kill(r.pid, signal.SIGKILL)
-            except OSError:
-                pass
-
-
 def _say(spec: RunSpec, lines: list) -> None:
-    spec.err.write("\n".join(lines) + "\n")
-    spec.err.flush()
+    try:
+        spec.err.write("\n".join(lines) + "\n")
+        spec.err.flush()
+    except (OSError, ValueError):
+        pass

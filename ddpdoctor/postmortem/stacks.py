@@ -1,10 +1,18 @@
 """Read every rank's Python stack from a running job without stopping it, and group ranks by place.
 
-Ranks are found from a torchrun agent's PID (its children with ``RANK`` in their environment), from
+Ranks are found from a launcher's PID (below a torchrun agent: the processes with ``RANK`` in their
+environment; below an ``mp.spawn`` parent: its ``multiprocessing`` children, numbered by start order,
+never the resource tracker; below ``ddpdoctor run``: the processes its hook registered, by rank), from
 explicit PIDs, or by scanning this user's processes for launcher variables. A stack is read with
 ``py-spy dump`` when py-spy is installed and allowed to attach (ptrace), else through the handler
 ``ddpdoctor run`` injects (faulthandler on SIGUSR2, written to a per-pid file). A process that has
-neither is never signalled: an unhandled SIGUSR2 would kill it.
+neither is never signalled: an unhandled SIGUSR2 would kill it; nor is one whose handler is not
+installed at that moment (``SigCgt`` in ``/proc/<pid>/status``: still starting, or exiting).
+
+DDP communicates where no ``torch.distributed`` frame shows: its forward broadcasts buffers
+(``_sync_buffers``), its backward all-reduces gradients inside autograd's engine (the reducer). Both
+count as collectives when naming the odd one out: the rank that is not in the collective the others
+are in.
 """
 
 from __future__ import annotations
@@ -41,10 +49,13 @@ class RankProcess:
     run_dir: Optional[str] = None
     signal_name: str = "SIGUSR2"
     main_thread: Optional[int] = None
+    index: Optional[int] = None  # the process index under mp.spawn / multiprocessing (start order)
 
     @property
     def label(self) -> str:
-        return f"rank {self.rank}" if self.rank is not None else f"pid {self.pid}"
+        if self.rank is not None:
+            return f"rank {self.rank}"
+        return f"process {self.index}" if self.index is not None else f"pid {self.pid}"
 
     def handler_file(self) -> Optional[str]:
         """The injected handler's stack file, when this process registered one."""
@@ -58,7 +69,12 @@ class RankProcess:
                 data = json.load(f)
             self.signal_name = data.get("signal", self.signal_name)
             self.main_thread = data.get("main_thread")
-            return data["stack_file"]
+            if self.rank is None and isinstance(data.get("rank"), int):
+                self.rank = data["rank"]
+            if self.index is None and isinstance(data.get("index"), int):
+                self.index = data["index"]
+            path = data["stack_file"]
+            return path if isinstance(path, str) and os.path.isabs(path) else None
         except (OSError, ValueError, KeyError):
             return None
 
@@ -82,39 +98,90 @@ def _int(value: Optional[str]) -> Optional[int]:
         return None
 
 
-def _as_rank(p: psutil.Process) -> Optional[RankProcess]:
+_MP_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver", "multiprocessing.semaphore_tracker")
+
+
+def _registered(pid: int, run_dir: Optional[str]) -> Optional[dict]:
+    """The record ``ddpdoctor run``'s hook wrote for ``pid``, if any."""
+    if not run_dir:
+        return None
+    try:
+        with open(os.path.join(run_dir, f"proc-{pid}.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _classify(p: psutil.Process) -> tuple:
+    """``("rank", RankProcess)``, ``("mp", RankProcess)`` (a multiprocessing child: rank unknown yet),
+    ``("skip", None)`` (multiprocessing's resource tracker or forkserver: never a rank), or
+    ``("other", None)`` (look below it)."""
+    try:
+        cmdline = p.cmdline()
+    except (psutil.Error, OSError):
+        return "skip", None
+    joined = " ".join(cmdline)
+    if any(h in joined for h in _MP_HELPERS):
+        return "skip", None
     try:
         env = p.environ()
     except (psutil.Error, OSError):
+        env = {}
+    run_dir = env.get("DDPDOCTOR_RUN_DIR")
+    info = _registered(p.pid, run_dir)
+    if info is not None and info.get("role") in ("rank", "spawn"):
+        rank = info.get("rank") if isinstance(info.get("rank"), int) else None
+        index = info.get("index") if isinstance(info.get("index"), int) else None
+        return "rank", RankProcess(p.pid, rank, _int(env.get("LOCAL_RANK")), run_dir, index=index)
+    if "RANK" in env:
+        parent = _parent_rank(p)
+        if parent is not None and parent == env.get("RANK"):
+            return "skip", None  # a rank's own child (DataLoader worker) inherits RANK
+        return "rank", RankProcess(p.pid, _int(env.get("RANK")), _int(env.get("LOCAL_RANK")), run_dir)
+    if "--multiprocessing-fork" in cmdline:
+        return "mp", RankProcess(p.pid, None, None, run_dir)
+    return "other", None
+
+
+def _parent_rank(p: psutil.Process) -> Optional[str]:
+    try:
+        parent = p.parent()
+        return parent.environ().get("RANK") if parent is not None else None
+    except (psutil.Error, OSError):
         return None
-    if "RANK" not in env and not env.get("DDPDOCTOR_RUN_DIR"):
-        return None
-    return RankProcess(p.pid, _int(env.get("RANK")), _int(env.get("LOCAL_RANK")), env.get("DDPDOCTOR_RUN_DIR"))
 
 
 def _ranks_below(p: psutil.Process) -> list:
-    """The ranks among ``p``'s descendants: the topmost processes that carry ``RANK``."""
-    out = []
+    """The ranks among ``p``'s descendants: the topmost processes that carry ``RANK``, that ``ddpdoctor
+    run``'s hook registered as ranks, or that are ``multiprocessing`` children (``mp.spawn``), never
+    the resource tracker. Unnamed multiprocessing children are numbered in start order (mp.spawn's
+    process index)."""
+    out: list = []
+    unnamed: list = []
     try:
-        children = p.children()
+        children = sorted(p.children(), key=lambda c: (c.create_time(), c.pid))
     except psutil.Error:
         return out
     for c in children:
-        r = _as_rank(c)
-        if r is not None and r.rank is not None:
+        kind, r = _classify(c)
+        if kind == "rank":
             out.append(r)
-        else:
+        elif kind == "mp":
+            unnamed.append(r)
+        elif kind == "other":
             out.extend(_ranks_below(c))
-    return out
+    for i, r in enumerate(unnamed):
+        r.index = i
+    return out + unnamed
 
 
 def find_ranks(pids: Sequence[int] = ()) -> list:
     """The rank processes of a job on this node, ordered by rank.
 
     Args:
-        pids: a torchrun agent's PID (its ranks are found below it), or the ranks' own PIDs; empty:
-            every process of this user that carries launcher variables (RANK with TORCHELASTIC_RUN_ID
-            or LOCAL_RANK, or started by ``ddpdoctor run``).
+        pids: a launcher's PID (torchrun's agent, an ``mp.spawn`` parent: its ranks are found below
+            it), or the ranks' own PIDs; empty: every process of this user that carries launcher
+            variables (RANK with TORCHELASTIC_RUN_ID or LOCAL_RANK) or that ``ddpdoctor run`` registered.
 
     Raises:
         UsageError: a PID that does not exist.
@@ -126,12 +193,19 @@ def find_ranks(pids: Sequence[int] = ()) -> list:
         for pid in pids:
             try:
                 p = psutil.Process(pid)
-            except psutil.Error:
+                p.status()
+            except (psutil.Error, ValueError, OverflowError):
                 raise UsageError("no-such-pid", f"no process with PID {pid}",
-                                 "pass a running torchrun agent's PID or the ranks' PIDs") from None
+                                 "pass a running launcher's PID (torchrun, an mp.spawn parent) or the ranks' PIDs"
+                                 ) from None
+            kind, me = _classify(p)
+            if kind == "skip":
+                continue
+            if kind in ("rank", "mp"):
+                found.append(me)
+                continue
             below = _ranks_below(p)
-            me = _as_rank(p)
-            found.extend(below if below else ([me] if me else [RankProcess(pid, None)]))
+            found.extend(below if below else [RankProcess(pid, None)])
     else:
         me = os.getpid()
         for p in psutil.process_iter(["pid", "uids"]):
@@ -141,13 +215,14 @@ def find_ranks(pids: Sequence[int] = ()) -> list:
                 env = p.environ()
             except (psutil.Error, OSError):
                 continue
-            if "RANK" in env and any(v in env for v in _LAUNCHER_VARS):
-                r = _as_rank(p)
-                parent = p.parent()
-                if r is not None and not (parent and _as_rank(parent) and _as_rank(parent).rank == r.rank):
-                    found.append(r)
+            if not (("RANK" in env and any(v in env for v in _LAUNCHER_VARS)) or env.get("DDPDOCTOR_RUN_DIR")):
+                continue
+            kind, r = _classify(p)
+            if kind == "rank" and (r.rank is not None or r.run_dir):
+                found.append(r)
     unique = {r.pid: r for r in found}
-    return sorted(unique.values(), key=lambda r: (r.rank is None, r.rank if r.rank is not None else r.pid))
+    return sorted(unique.values(), key=lambda r: (r.rank is None, r.rank if r.rank is not None else
+                                                  (r.index if r.index is not None else r.pid), r.pid))
 
 
 def pyspy_to_faulthandler(text: str) -> str:
@@ -216,10 +291,27 @@ def _wait_stable(path: str, start: int, deadline: float) -> None:
         time.sleep(0.05)
 
 
+def handler_installed(pid: int, signum: int) -> bool:
+    """Whether ``pid`` catches ``signum`` right now (``SigCgt`` in ``/proc/<pid>/status``): a process that
+    does not (not started yet, exiting, a zombie) would be killed by the signal, so it is never sent."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            status = f.read()
+    except OSError:
+        return False
+    if "\nState:\tZ" in status or "\nState:\tX" in status:
+        return False
+    m = re.search(r"^SigCgt:\s*([0-9a-fA-F]+)", status, re.M)
+    return bool(m) and bool(int(m.group(1), 16) >> (signum - 1) & 1)
+
+
 def _read_handler(proc: RankProcess, path: str, wait: float) -> tuple:
     start = os.path.getsize(path) if os.path.exists(path) else 0
+    signum = getattr(signal, proc.signal_name, signal.SIGUSR2)
+    if not handler_installed(proc.pid, signum):
+        return "", f"PID {proc.pid} has no {proc.signal_name} handler now (exiting or ended): not signalled"
     try:
-        os.kill(proc.pid, getattr(signal, proc.signal_name, signal.SIGUSR2))
+        os.kill(proc.pid, signum)
     except OSError as exc:
         return "", f"cannot signal PID {proc.pid}: {exc.strerror}"
     _wait_stable(path, start, time.monotonic() + wait)
@@ -238,13 +330,13 @@ def read_stack(proc: RankProcess, wait: float = 3.0) -> StackReading:
     if exe:
         text, err = _read_pyspy(exe, proc.pid, wait)
         if text:
-            return StackReading(proc, "py-spy", text, place=where_hung(text))
+            return StackReading(proc, "py-spy", text, place=describe_place(text))
         errors.append(err)
     path = proc.handler_file()
     if path:
         text, err = _read_handler(proc, path, wait)
         if text:
-            return StackReading(proc, "handler", text, place=where_hung(text), note="; ".join(errors))
+            return StackReading(proc, "handler", text, place=describe_place(text), note="; ".join(errors))
         errors.append(err)
     else:
         errors.append("not started under 'ddpdoctor run' (no in-process handler)")
@@ -266,22 +358,84 @@ def group_by_place(readings: Sequence[StackReading]) -> list:
 
 
 def _key(r: StackReading) -> int:
-    return r.proc.rank if r.proc.rank is not None else r.proc.pid
+    if r.proc.rank is not None:
+        return r.proc.rank
+    return r.proc.index if r.proc.index is not None else r.proc.pid
 
 
-def _in_collective(readings: Sequence[StackReading]) -> bool:
-    return any("/torch/distributed/" in r.stack for r in readings)
+_MAIN_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+_DDP = "/torch/nn/parallel/distributed.py"
+_DDP_BUFFERS = ("_sync_buffers", "_sync_module_buffers", "_default_broadcast_coalesced",
+                "_distributed_broadcast_coalesced", "_sync_params_and_buffers", "_check_global_requires_backward_grad_sync")
+_BACKWARD = ("/torch/autograd/graph.py", "/torch/autograd/__init__.py", "/torch/_tensor.py")
+
+
+def _main_frames(stack: str) -> list:
+    """``(file, func)`` of the main thread's frames, innermost first."""
+    blocks = re.split(r"\n(?=Thread 0x|Current thread 0x)", stack.strip())
+    main = next((b for b in blocks if b.startswith("Current thread")), blocks[0] if blocks else "")
+    return [(m.group("file").replace("\\", "/"), m.group("func")) for m in _MAIN_FRAME.finditer(main)]
+
+
+def collective_of(stack: str) -> Optional[str]:
+    """The communication a stack's main thread is in, or None: a ``torch.distributed`` call by name
+    (``all_reduce``, ``barrier``), DDP's forward (buffer broadcast, ``_sync_buffers``) or constructor,
+    or DDP's backward (the reducer's gradient all-reduce, which runs inside autograd's engine)."""
+    frames = _main_frames(stack)
+    for file, func in frames:  # innermost first: the call that blocks
+        if "/torch/distributed/" in file and not file.endswith("/c10d_logger.py"):
+            return func
+        if file.endswith(_DDP):
+            if func in _DDP_BUFFERS or any(f in _DDP_BUFFERS for fi, f in frames if fi.endswith(_DDP)):
+                return "DDP forward (buffer broadcast)"
+            if func == "__init__":
+                return "DDP constructor"
+            return "DDP forward"
+        if file.endswith(_BACKWARD) and func in ("_engine_run_backward", "backward", "run_backward"):
+            return "DDP backward (reducer all_reduce)"
+    return None
+
+
+def describe_place(stack: str) -> str:
+    """:func:`where_hung`, with DDP's hidden communication named (``DDP backward (reducer all_reduce),
+    called from train (proj/train.py:30)``) instead of autograd's or DDP's inner function."""
+    place = where_hung(stack)
+    kind = collective_of(stack)
+    if kind and kind.startswith("DDP") and ", called from " in place:
+        return kind + place[place.index(", called from "):]
+    return place
+
+
+def _collective(readings: Sequence[StackReading]) -> Optional[str]:
+    """The collective family the group's ranks are in: DDP's forward, backward and constructor are one
+    family (ranks a step apart in one DDP loop pair their collectives with each other's), a
+    ``torch.distributed`` call is its own."""
+    kinds = [collective_of(r.stack) for r in readings if r.stack]
+    kind = next((k for k in kinds if k), None)
+    return "DDP" if kind and kind.startswith("DDP") else kind
 
 
 def odd_ones_out(groups: Sequence) -> list:
     """The places whose ranks are the odd ones out: not in a collective while the others wait in one,
-    or else the one strictly smallest group."""
+    or not in the collective most ranks are in, or else the one strictly smallest group."""
     if len(groups) < 2:
         return []
-    waiting = [place for place, rs in groups if _in_collective(rs)]
-    elsewhere = [place for place, rs in groups if not _in_collective(rs) and not rs[0].method == "none"]
+    kinds = {place: _collective(rs) for place, rs in groups}
+    waiting = [place for place, rs in groups if kinds[place]]
+    elsewhere = [place for place, rs in groups if not kinds[place] and not rs[0].method == "none"]
     if waiting and elsewhere:
         return elsewhere
+    if waiting and not elsewhere:
+        count: dict = {}
+        for place, rs in groups:
+            if kinds[place]:
+                count[kinds[place]] = count.get(kinds[place], 0) + len(rs)
+        ranked = sorted(count.values(), reverse=True)
+        if len(ranked) > 1 and ranked[0] > ranked[1]:
+            top = max(count, key=count.get)
+            return [place for place, _ in groups if kinds[place] and kinds[place] != top]
+        if len(ranked) > 1:
+            return []
     sizes = sorted(len(rs) for _, rs in groups)
     if sizes[0] < sizes[1]:
         return [place for place, rs in groups if len(rs) == sizes[0]]
@@ -290,10 +444,13 @@ def odd_ones_out(groups: Sequence) -> list:
 
 def _who(rs: Sequence[StackReading]) -> str:
     ranks = [r.proc.rank for r in rs if r.proc.rank is not None]
-    pids = [r.proc.pid for r in rs if r.proc.rank is None]
+    indexes = [r.proc.index for r in rs if r.proc.rank is None and r.proc.index is not None]
+    pids = [r.proc.pid for r in rs if r.proc.rank is None and r.proc.index is None]
     parts = []
     if ranks:
         parts.append(f"rank{'s' if len(ranks) != 1 else ''} {format_ranks(ranks)}")
+    if indexes:
+        parts.append(f"process{'es' if len(indexes) != 1 else ''} {format_ranks(indexes)}")
     if pids:
         parts.append("pid " + ",".join(map(str, pids)))
     return " ".join(parts)
@@ -318,7 +475,8 @@ def render_groups(readings: Sequence[StackReading]) -> list:
         lines.append("py-spy could not be used here (" + notes[0][:120] + "); fell back to the handler")
     for r in readings:
         if r.method == "none":
-            lines.append(f"{r.proc.label} (pid {r.proc.pid}): no stack: {r.error}")
+            who = r.proc.label if r.proc.label.startswith("pid ") else f"{r.proc.label} (pid {r.proc.pid})"
+            lines.append(f"{who}: no stack: {r.error}")
     return lines
 
 

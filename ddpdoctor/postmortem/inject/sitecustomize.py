@@ -1,15 +1,30 @@
 """Injected by ``ddpdoctor run`` (PYTHONPATH) into every Python process of the job; not imported otherwise.
 
-In each rank (a process with ``RANK`` in its environment that is not a child of another rank, or
-the launched command itself when it sets none) it:
+Which processes are ranks (each registers itself; the others only chain to the next sitecustomize):
+
+* a process with ``RANK`` in its environment that is not a child of another rank (torchrun, srun,
+  mpirun, ``torch.distributed.launch``);
+* a ``multiprocessing`` child that is not below a rank: an ``mp.spawn`` / ``start_processes`` /
+  ``multiprocessing.Process`` child started with *spawn* or *forkserver* (its command line ends in
+  ``--multiprocessing-fork``), or forked (``os.fork`` without exec) from the launched command. Its rank
+  number comes from the process group once ``init_process_group`` ran (``get_rank()``), before that
+  from ``mp.spawn``'s process index. multiprocessing's resource tracker and forkserver are not ranks;
+* the launched command itself registers as ``top`` (a single-process job, or the ``mp.spawn`` parent),
+  a torchrun-like agent as ``launcher``. ``run`` watches them only when no rank is alive.
+
+In each registered process it:
 
 * registers :mod:`faulthandler` on ``DDPDOCTOR_STACK_SIGNAL`` (SIGUSR2 by default) to append the
-  stacks of all threads to ``$DDPDOCTOR_RUN_DIR/stacks-<pid>.txt`` when asked (no change to the
-  user's code, works while the rank is blocked inside C++);
-* starts one daemon thread that looks at the main thread's innermost frame every
-  ``DDPDOCTOR_BEAT_S`` seconds (1 by default) and bumps a counter in ``beat-<pid>`` when it moved:
-  the cheap progress signal the supervisor watches;
-* writes ``proc-<pid>.json`` (pid, rank, local rank, argv) so the supervisor finds its ranks.
+  stacks of all threads to ``$DDPDOCTOR_RUN_DIR/stacks-<pid>.txt`` when asked, *before* it announces
+  itself (so no signal is sent before the handler exists); the action it replaces is *ignore* (set
+  just before), so when faulthandler lets go (our atexit, or the interpreter's finalization) the
+  signal is ignored, never fatal: a stack request racing with a normal exit cannot kill the process;
+* starts one daemon thread that looks at the main thread's innermost frames every
+  ``DDPDOCTOR_BEAT_S`` seconds (1 by default) and bumps a counter in ``beat-<pid>`` when they moved
+  (the cheap progress signal the supervisor watches), and fills in the rank number when it learns it;
+* writes ``proc-<pid>.json`` (pid, role, rank, argv, ...) so the supervisor finds it, and
+  ``exit-<pid>.json`` when it ends through Python (an uncaught exception with its line, ``sys.exit``'s
+  or ``os._exit``'s code, or a normal end): a rank with no exit record was ended by a signal.
 
 Then it imports the ``sitecustomize`` that was next on the path, if any. It imports nothing from
 torch or ddpdoctor, and never raises: a failure here must not break the user's job.
@@ -19,34 +34,109 @@ import os
 import sys
 
 
-def _ddpdoctor_is_rank():
-    rank = os.environ.get("RANK")
-    marker = os.environ.get("DDPDOCTOR_RANK_MARK")
+def _ddpdoctor_role():
+    """``rank``, ``spawn``, ``top``, ``launcher`` or None (not watched)."""
+    env = os.environ
+    marker = env.get("DDPDOCTOR_RANK_MARK")
+    rank = env.get("RANK")
     if rank is not None:
-        if marker and marker.split(":")[0] == rank:
-            return False  # a child (spawned DataLoader worker, subprocess) of a rank
-        os.environ["DDPDOCTOR_RANK_MARK"] = f"{rank}:{os.getpid()}"
-        return True
-    return os.environ.get("DDPDOCTOR_RUN_PID") == str(os.getppid())
+        if marker and marker.split(":")[0] in (rank, "spawn"):
+            return None  # a child (spawned DataLoader worker, subprocess) of a rank
+        env["DDPDOCTOR_RANK_MARK"] = f"{rank}:{os.getpid()}"
+        return "rank"
+    argv = list(getattr(sys, "argv", []) or [])
+    if "--multiprocessing-fork" in argv:
+        if marker:
+            return None  # a multiprocessing child of a rank (DataLoader worker with spawn)
+        env["DDPDOCTOR_RANK_MARK"] = f"spawn:{os.getpid()}"
+        return "spawn"
+    if env.get("DDPDOCTOR_RUN_PID") == str(os.getppid()):
+        try:
+            with open("/proc/self/cmdline", "rb") as f:
+                words = [w.decode(errors="replace") for w in f.read().split(b"\0")[:4]]
+        except OSError:
+            words = argv[:3]
+        launchers = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "accelerate", "deepspeed")
+        if any(os.path.basename(w) in launchers or w in launchers for w in words):
+            return "launcher"
+        return "top"
+    return None
 
 
-def _ddpdoctor_install():
+_ddpdoctor_state = {}
+
+
+def _ddpdoctor_write_json(name, data):
+    import json
+
+    run_dir = os.environ["DDPDOCTOR_RUN_DIR"]
+    tmp = os.path.join(run_dir, f".{name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, os.path.join(run_dir, name))
+
+
+def _ddpdoctor_spawn_index(frame):
+    """mp.spawn's process index: the ``i`` of torch's ``_wrap(fn, i, args, error_file)`` on the stack."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_wrap" and code.co_filename.replace("\\", "/").endswith("multiprocessing/spawn.py"):
+            value = frame.f_locals.get("i")
+            return value if isinstance(value, int) else None
+        frame = frame.f_back
+    return None
+
+
+def _ddpdoctor_learn_rank(info, main_frame):
+    """Fill in the rank from the process group (or mp.spawn's index); True when the record changed."""
+    changed = False
+    if info.get("pg_rank") is None:
+        td = sys.modules.get("torch.distributed")
+        try:
+            if td is not None and td.is_available() and td.is_initialized():
+                info["pg_rank"] = int(td.get_rank())
+                info["world_size"] = int(td.get_world_size())
+                changed = True
+        except Exception:  # noqa: BLE001 - a half-initialized module: try again next beat
+            pass
+    if info.get("index") is None and info["role"] == "spawn" and main_frame is not None:
+        index = _ddpdoctor_spawn_index(main_frame)
+        if index is not None:
+            info["index"] = index
+            changed = True
+    if changed and info.get("rank") is None:
+        info["rank"] = info["pg_rank"] if info.get("pg_rank") is not None else info.get("index")
+    return changed
+
+
+def _ddpdoctor_install(role):
     import atexit
     import faulthandler
-    import json
     import signal
     import threading
 
     run_dir = os.environ["DDPDOCTOR_RUN_DIR"]
     pid = os.getpid()
     signame = os.environ.get("DDPDOCTOR_STACK_SIGNAL", "SIGUSR2")
-    stack_file = open(os.path.join(run_dir, f"stacks-{pid}.txt"), "a")
-    faulthandler.register(getattr(signal, signame), file=stack_file, all_threads=True, chain=False)
+    signum = getattr(signal, signame)
+    stack_path = os.path.join(run_dir, f"stacks-{pid}.txt")
+    fd = os.open(stack_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW,
+                 0o600)
+    stack_file = os.fdopen(fd, "a")
+    # Ignored first, so that what faulthandler saves as the "previous" action, and restores whenever it
+    # lets go (our atexit, or the interpreter's finalization), is "ignore", never the default "terminate":
+    # there is no instant at which a stack request could kill this process.
+    signal.signal(signum, signal.SIG_IGN)
+    faulthandler.register(signum, file=stack_file, all_threads=True, chain=False)
     beat_path = os.path.join(run_dir, f"beat-{pid}")
-    beat_fd = os.open(beat_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    beat_fd = os.open(beat_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     interval = float(os.environ.get("DDPDOCTOR_BEAT_S", "1.0"))
     main_id = threading.main_thread().ident
-
+    rank = os.environ.get("RANK") if role == "rank" else None
+    info = {"pid": pid, "ppid": os.getppid(), "role": role, "rank": int(rank) if rank and rank.isdigit() else None,
+            "local_rank": os.environ.get("LOCAL_RANK"), "argv": list(getattr(sys, "argv", []) or []),
+            "signal": signame, "main_thread": main_id, "stack_file": stack_path, "beat_file": beat_path}
     stop = threading.Event()
 
     def beat():
@@ -55,9 +145,14 @@ def _ddpdoctor_install():
             frame = sys._current_frames().get(main_id)
             if frame is None:
                 return
-            here = (id(frame.f_code), frame.f_lineno, id(frame.f_back.f_code) if frame.f_back else 0,
-                    frame.f_back.f_lineno if frame.f_back else 0)
-            frame = None
+            back = frame.f_back
+            here = (id(frame.f_code), frame.f_lineno, id(back.f_code) if back else 0, back.f_lineno if back else 0)
+            try:
+                if role != "launcher" and _ddpdoctor_learn_rank(info, frame):
+                    _ddpdoctor_write_json(f"proc-{pid}.json", info)
+            except Exception:  # noqa: BLE001 - never break the job
+                pass
+            frame = back = None
             if here != last:
                 last, count = here, count + 1
                 os.pwrite(beat_fd, b"%012d\n" % count, 0)
@@ -65,20 +160,80 @@ def _ddpdoctor_install():
     thread = threading.Thread(target=beat, name="ddpdoctor-heartbeat", daemon=True)
     thread.start()
 
-    def finish():  # end the thread before the interpreter finalizes (no daemon thread at teardown)
+    def ended(how, **extra):
+        if "exit" in _ddpdoctor_state or os.getpid() != pid:
+            return
+        _ddpdoctor_state["exit"] = True
+        try:
+            import time
+
+            _ddpdoctor_write_json(f"exit-{pid}.json", {"pid": pid, "how": how, "t": time.time(), **extra})
+        except Exception:  # noqa: BLE001
+            pass
+
+    previous_hook = sys.excepthook
+
+    def excepthook(kind, value, tb):
+        try:
+            where = ""
+            for f in reversed(__import__("traceback").extract_tb(tb)):
+                if "/site-packages/" not in f.filename and "/lib/python" not in f.filename:
+                    where = f"{f.name} ({'/'.join(f.filename.split('/')[-2:])}:{f.lineno})"
+                    break
+            text = f"{kind.__name__}: {value}".splitlines()[0][:300]
+            ended("raised", exception=text, where=where)
+        except Exception:  # noqa: BLE001
+            pass
+        previous_hook(kind, value, tb)
+
+    sys.excepthook = excepthook
+    real_exit = sys.exit
+
+    def exit(code=None):  # noqa: A001 - records sys.exit's code, then exits exactly as before
+        if threading.current_thread() is threading.main_thread():
+            _ddpdoctor_state["code"] = code if isinstance(code, int) or code is None else 1
+        real_exit(code)
+
+    sys.exit = exit
+    real_os_exit = os._exit
+
+    def os_exit(code):  # multiprocessing's fork children end here; so do jobs that skip interpreter exit
+        if os.getpid() == pid:
+            ended("exit", code=code, via="os._exit")
+        real_os_exit(code)
+
+    os._exit = os_exit
+
+    def finish():
+        if os.getpid() != pid:
+            return  # inherited by a forked child: that child has its own
+        # First make a stack request harmless: the interpreter is about to restore SIGUSR2's default
+        # action (terminate) when it finalizes faulthandler; ignored stays ignored.
+        try:
+            faulthandler.unregister(signum)  # restores "ignore" (see install) in one sigaction
+        except (ValueError, OSError, RuntimeError):
+            pass
         stop.set()
         thread.join(timeout=2)
+        code = _ddpdoctor_state.get("code")
+        ended("exit", code=code if code is not None else 0)
 
     atexit.register(finish)
-    info = {"pid": pid, "ppid": os.getppid(), "rank": os.environ.get("RANK"),
-            "local_rank": os.environ.get("LOCAL_RANK"), "argv": list(getattr(sys, "argv", []) or []),
-            "signal": signame, "main_thread": main_id, "stack_file": stack_file.name, "beat_file": beat_path}
-    tmp = os.path.join(run_dir, f".proc-{pid}.json")
-    with open(tmp, "w") as f:
-        json.dump(info, f)
-    os.replace(tmp, os.path.join(run_dir, f"proc-{pid}.json"))
+    _ddpdoctor_write_json(f"proc-{pid}.json", info)
     sys.modules["_ddpdoctor_injected"] = sys.modules[__name__]
     globals()["_ddpdoctor_keep"] = (stack_file, beat_fd)
+
+
+def _ddpdoctor_after_fork():
+    """A child forked (without exec) from the launched command is a rank candidate, like a spawned one."""
+    try:
+        if os.environ.get("DDPDOCTOR_RANK_MARK"):
+            return
+        os.environ["DDPDOCTOR_RANK_MARK"] = f"spawn:{os.getpid()}"
+        _ddpdoctor_state.clear()
+        _ddpdoctor_install("spawn")
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def _ddpdoctor_chain():
@@ -101,8 +256,11 @@ def _ddpdoctor_chain():
 
 if os.environ.get("DDPDOCTOR_RUN_DIR"):
     try:
-        if _ddpdoctor_is_rank():
-            _ddpdoctor_install()
+        _ddpdoctor_r = _ddpdoctor_role()
+        if _ddpdoctor_r:
+            _ddpdoctor_install(_ddpdoctor_r)
+            if _ddpdoctor_r == "top":
+                os.register_at_fork(after_in_child=_ddpdoctor_after_fork)
     except Exception as exc:  # noqa: BLE001 - never break the user's job
         sys.stderr.write(f"ddpdoctor: stack handler not installed: {exc}\n")
 _ddpdoctor_chain()
