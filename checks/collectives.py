@@ -376,7 +376,7 @@ class CollectivesBenchCheck(CollectivesCheck):
         found["checked"] += 1
         if bad is not None:
             found["wrong"].append({"seq": self._seq, "label": step.label, "group": "world", "op": op,
-                                   "dtype": dtype, "count": elements, **bad})
+                                   "dtype": dtype, "count": count, **bad})
         t = time_step(step, iters, warmup, lambda s: self.arrive(ctx, s), ctx.device)
         found["timings"].append({"op": op, "family": OPS[op], "dtype": dtype, "count": count,
                                  "size": step.size_bytes, "elements": step.size_bytes // step.element_size,

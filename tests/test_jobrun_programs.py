@@ -306,6 +306,6 @@ def test_messages_of_real_cpu_jobs_are_explained(cli_env, tmp_path):
     ids = {m.cause.id: m for m in explain_text(log)}
     assert "port-in-use-in-code" in ids and "port-in-use" not in ids, log[-2000:]
     m = ids["port-in-use-in-code"]
-    assert f"the log shows the port the program actually used" in m.meaning and str(port) in m.meaning
+    assert "the log shows the port the program actually used" in m.meaning and str(port) in m.meaning
     assert f"if the program sets port {port} in code, change it there" in m.fix
     assert "export MASTER_PORT" not in m.fix
