@@ -200,10 +200,14 @@ def assess(facts: Mapping[str, Any]) -> Findings:
         else:
             if usable and threads * lws > usable:
                 per_rank = max(1, usable // lws)
+                # The fix is never the current setting: with one thread per rank, only fewer ranks help.
+                fix = (f"export OMP_NUM_THREADS={per_rank}" if per_rank != threads else
+                       f"run at most {usable} ranks per node (e.g. torchrun --nproc-per-node {usable}), "
+                       f"or run where each rank has a core")
                 f.warn(
                     "omp-oversubscribed",
                     f"OMP_NUM_THREADS={threads} x {lws} ranks per node = {threads * lws} threads on {usable} cores",
-                    f"export OMP_NUM_THREADS={per_rank}",
+                    fix,
                 )
     interfaces = facts.get("interfaces", {})
     for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):

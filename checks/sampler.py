@@ -28,11 +28,10 @@ FIX = "call sampler.set_epoch(epoch) at the start of every epoch, before iterati
 
 
 def _gather(obj: Any) -> list[Any]:
-    import torch.distributed as dist
+    # ddpdoctor's gather_object, not torch's all_gather_object: torch's needs numpy.
+    from ddpdoctor.dist.gathering import gather_object
 
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
+    return gather_object(obj)
 
 
 def _shards(n: int, world: int, rank: int, **kwargs: Any) -> list[list[int]]:

@@ -240,4 +240,8 @@ def _quiet_logs() -> None:
 
 def main() -> None:
     """Console-script entry point."""
+    import warnings
+
+    # A CPU torch wheel does not install numpy and says so on import; ddpdoctor never needs numpy.
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     cli.main()

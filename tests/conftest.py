@@ -60,3 +60,47 @@ def clean_launcher_env(monkeypatch):
                          "PMI_", "TORCHELASTIC_", "GROUP_RANK", "DDPDOCTOR_", "FAULT_")):
             monkeypatch.delenv(k)
     return monkeypatch
+
+
+# --- Nothing left in /tmp --------------------------------------------------------------------------
+# The suite runs with a private temporary directory (TMPDIR, inherited by every rank and CLI run), so
+# what it leaves behind is its own even while other suites share /tmp; at the end anything left there
+# besides pytest's own tmp_path folders fails the session. Paths that bypass TMPDIR are globbed in /tmp.
+_TMP_PATTERNS = ("hosts-*", "ddpdoctor-*")
+_SESSION_TMP = {}
+
+
+def pytest_sessionstart(session):
+    import glob
+    import tempfile
+
+    base = tempfile.mkdtemp(prefix="ddpdoctor-suite-")
+    _SESSION_TMP.update(base=base, before={p for pat in _TMP_PATTERNS for p in glob.glob(os.path.join("/tmp", pat))},
+                        old_tmpdir=os.environ.get("TMPDIR"))
+    os.environ["TMPDIR"] = base
+    tempfile.tempdir = base
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import glob
+    import shutil
+    import tempfile
+
+    base = _SESSION_TMP.get("base")
+    if base is None:
+        return
+    left = sorted(os.path.join(base, n) for n in os.listdir(base) if not n.startswith("pytest-of-"))
+    new = sorted({p for pat in _TMP_PATTERNS for p in glob.glob(os.path.join("/tmp", pat))}
+                 - _SESSION_TMP["before"] - {base})
+    new = [p for p in new if not os.path.basename(p).startswith("ddpdoctor-suite-")]
+    shutil.rmtree(base, ignore_errors=True)
+    if _SESSION_TMP["old_tmpdir"] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = _SESSION_TMP["old_tmpdir"]
+    tempfile.tempdir = None
+    if left or [p for p in new if os.path.basename(p).startswith("hosts-")]:
+        session.config.get_terminal_writer().line(
+            f"FAILED: the test suite left temporary files behind: {left + new}", red=True, bold=True)
+        if session.exitstatus == 0:
+            session.exitstatus = 1

@@ -36,7 +36,7 @@ Thread 4242 (idle): "MainThread"
 
 @pytest.mark.timeout(10)
 def test_pyspy_dump_is_read_like_faulthandler():
-    assert where_hung(pyspy_to_faulthandler(PYSPY_DUMP)) == "all_reduce, called from step (proj/train.py:88)"
+    assert where_hung(pyspy_to_faulthandler(PYSPY_DUMP)) == "all_reduce, called from step (/home/me/proj/train.py:88)"
 
 
 def _reading(rank, place, collective):

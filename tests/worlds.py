@@ -12,6 +12,7 @@ import datetime
 import faulthandler
 import os
 import pickle
+import shutil
 import signal
 import tempfile
 import time
@@ -128,6 +129,7 @@ def run_world(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
                 except (ProcessLookupError, ChildProcessError):
                     pass
             os.close(r)
+        shutil.rmtree(tmp, ignore_errors=True)
     if hung:
         raise WorldError("ranks %s hung past %.0fs:\n%s" % (hung, timeout, "\n".join(
             f"--- rank {k} ---\n{v}" for k, v in stacks.items())))

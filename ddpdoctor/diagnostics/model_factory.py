@@ -223,9 +223,14 @@ def ranks_that_failed(ok: bool, group: Any = None) -> list[int]:
 
     if not (dist.is_available() and dist.is_initialized()):
         return [] if ok else [0]
-    votes: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(votes, bool(ok), group=group)
-    return [rank for rank, vote in enumerate(votes) if not vote]
+    import torch
+
+    # A tensor, not all_gather_object: torch's object collectives need numpy (absent with CPU torch).
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
+    mine = torch.tensor([0 if ok else 1], dtype=torch.int64, device=device)
+    votes = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(votes, mine, group=group)
+    return [rank for rank, vote in enumerate(votes) if int(vote.item())]
 
 
 def failed_elsewhere(ctx: Any, ranks: list[int], what: str) -> Any:

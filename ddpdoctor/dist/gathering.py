@@ -305,7 +305,11 @@ def gather_object(obj: Any) -> list[Any]:
             raise TypeError(f"gather_object(): this rank's {type(obj).__name__} cannot be pickled: {failed}; "
                             "pass picklable values") from failed
         raise
-    data = out.cpu().numpy().tobytes()
+    flat = out.detach().reshape(-1).cpu()
+    buf = bytearray(flat.numel())  # bytes without numpy: a CPU torch wheel does not install it
+    if buf:
+        torch.frombuffer(buf, dtype=torch.uint8).copy_(flat)
+    data = bytes(buf)
     offsets = [0, *itertools.accumulate(sizes)]
     return [pickle.loads(data[offsets[r]:offsets[r + 1]]) for r in range(len(sizes))]
 

@@ -251,7 +251,8 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
         raise ValueError(f"broadcast_object(src={src!r}): the world has ranks 0 to {world - 1}")
     if not require_process_group("broadcast_object()"):
         return obj
-    box = [obj if get_rank() == src else None]
-    dist.broadcast_object_list(box, src=src, device=rank_device())
-    return box[0]
+    # torch's broadcast_object_list needs numpy, which a CPU torch wheel does not install.
+    from ddpdoctor.dist.gathering import gather_object
+
+    return gather_object(obj if get_rank() == src else None)[src]
 
