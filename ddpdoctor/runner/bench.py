@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 
 from ddpdoctor.errors import UsageError
 from ddpdoctor.exitcodes import ExitCode
+from ddpdoctor.result import Status
 
 __all__ = ["parse_bytes", "run_bench"]
 
@@ -47,6 +48,9 @@ def run_bench(*, nproc: Optional[int], backend: Optional[str], master_addr: str,
     from ddpdoctor.runner.options import RunOptions
     from ddpdoctor.runner.local import run_checks
 
+    if nproc == 1 and mode != "join":
+        raise UsageError("bench-one-rank", "--nproc 1: the bandwidth table times transfers between ranks, and one "
+                         "rank has none", "use --nproc 2 or more (with one GPU: --backend gloo --nproc 2, on CPU)")
     lo, hi = parse_bytes(min_bytes, "--min-bytes"), parse_bytes(max_bytes, "--max-bytes")
     if lo > hi:
         raise UsageError("bad-size", f"--min-bytes {min_bytes} is larger than --max-bytes {max_bytes}",
@@ -66,9 +70,13 @@ def run_bench(*, nproc: Optional[int], backend: Optional[str], master_addr: str,
             print(outcome.message, file=sys.stderr)
         return outcome.exit_code
     result = report.results[0]
-    rows = bench_rows(result.outcomes, report.world.world_size)
     out = sys.stdout
     style = Style.for_stream(out)
+    if result.status == Status.SKIP:  # never a header and an empty table: one line saying why
+        out.write(f"ddpdoctor bench: not run: {result.summary}\n")
+        out.flush()
+        return outcome.exit_code
+    rows = bench_rows(result.outcomes, report.world.world_size)
     lines = [header(report.world), f"# {dtype}, sizes {lo}..{hi} bytes, {warmup} warm-up + {iters} timed calls "
              "per row; time averaged over ranks; busbw as nccl-tests"]
     lines += [f"# {line}" if i < 2 else f"  {line}" for i, line in enumerate(render_table(rows))]

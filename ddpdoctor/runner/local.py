@@ -73,10 +73,7 @@ class LocalWorld:
     backend: str
     checks: tuple[Check, ...]
     purpose: str = ""
-
-    @property
-    def device(self) -> str:
-        return "cuda" if self.backend == "nccl" else "cpu"
+    device: str = "cpu"  # where its ranks compute: cuda (NCCL) or cpu
 
 
 def plan_worlds(opts: RunOptions, checks: Sequence[Check], gpus: Optional[int] = None,
@@ -94,20 +91,21 @@ def plan_worlds(opts: RunOptions, checks: Sequence[Check], gpus: Optional[int] =
     """
     gpus = visible_gpus() if gpus is None else gpus
     nproc, backend = resolve_world(opts, gpus, nccl_built)
-    whole = [LocalWorld(nproc, backend, tuple(checks))]
+    whole = [LocalWorld(nproc, backend, tuple(checks), device="cuda" if backend == "nccl" else "cpu")]
     if backend != "nccl" or opts.nproc is not None or opts.backend is not None:
         return whole
     multi = tuple(c for c in checks if c.requires.min_world_size > nproc)
     here = tuple(c for c in checks if c.requires.min_world_size <= nproc)
     if not multi:
         return whole
-    more = f"{multi[0].requires.min_world_size - gpus} more GPU" + ("s" if multi[0].requires.min_world_size - gpus > 1 else "")
-    cpu = LocalWorld(max(2, max(c.requires.min_world_size for c in multi)), "gloo", multi,
+    ranks = max(2, max(c.requires.min_world_size for c in multi))
+    more = f"{ranks - gpus} more GPU" + ("s" if ranks - gpus > 1 else "")
+    cpu = LocalWorld(ranks, "gloo", multi,
                      f"{', '.join(c.name for c in multi)} on CPU ({gpus} GPU visible; NCCL across ranks "
                      f"needs {more})")
     if not here:
         return [cpu]
-    gpu = LocalWorld(nproc, backend, here, f"{', '.join(c.name for c in here)} on the GPU")
+    gpu = LocalWorld(nproc, backend, here, f"{', '.join(c.name for c in here)} on the GPU", device="cuda")
     return [gpu, cpu]
 
 
