@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import shutil
 import pickle
 import sys
 import tempfile
@@ -127,6 +128,7 @@ def main() -> None:
         with os.fdopen(r, "rb") as f:
             results.append(pickle.loads(f.read()))
         os.waitpid(pid, 0)
+    shutil.rmtree(os.path.dirname(store_path), ignore_errors=True)  # nothing left in /tmp
     for rank, res in enumerate(results):
         if "error" in res:
             sys.exit(f"rank {rank} failed: {res['error']}")

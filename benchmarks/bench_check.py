@@ -30,7 +30,8 @@ def main() -> None:
     worst_ok = True
     for n in args.ranks:
         floor_cmd = [sys.executable, os.path.join(HERE, "floor_world.py"), str(n)]
-        check_cmd = [sys.executable, "-m", "ddpdoctor", "check", "--nproc", str(n), "--only", CHECKS]
+        check_cmd = [sys.executable, "-m", "ddpdoctor", "check", "--backend", "gloo", "--nproc", str(n),
+                     "--only", CHECKS]  # the floor is a gloo world on CPU: compare like with like, on any machine
         floors, checks = [], []
         timed(floor_cmd), timed(check_cmd)  # warm the page cache
         for _ in range(args.repeat):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -19,7 +18,6 @@ import time
 import pytest
 
 from ddpdoctor.check import RankContext
-from ddpdoctor.errors import UsageError
 from ddpdoctor.result import Status
 from ddpdoctor.runner.options import RunOptions
 from ddpdoctor.runner.registry import select_checks

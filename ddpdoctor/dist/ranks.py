@@ -45,10 +45,11 @@ def _destroy_at_exit() -> None:
     holding work objects with Python tensors; interpreter finalization then destroys them without the
     GIL and the process aborts ("terminate called without an active exception", SIGABRT) about one
     exit in eight. Destroying the group here, in an atexit handler, runs that teardown while Python is
-    still alive. A no-op when the script destroyed its group itself or never made one.
+    still alive. A no-op when the script destroyed its group itself or never made one, and for other
+    backends (NCCL's teardown may wait on a peer; torch only warns there).
     """
     try:
-        if dist.is_available() and dist.is_initialized():
+        if dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
             dist.destroy_process_group()
     except Exception as exc:  # noqa: BLE001 - exiting anyway; never turn a clean exit into a traceback
         logger.debug("destroy_process_group at exit failed: %s", exc)
