@@ -9,13 +9,14 @@ from __future__ import annotations
 from .bn_sync import BnSyncCheck
 from .collectives import CollectivesBenchCheck, CollectivesCheck
 from .env import EnvCheck
+from .locate import LocateCheck
 from .param_sync import ParamSyncCheck
 from .port import PortCheck
 from .process_group import ProcessGroupCheck
 from .sampler import SamplerCheck
 
-__all__ = ["ALL", "BnSyncCheck", "CollectivesBenchCheck", "CollectivesCheck", "EnvCheck", "ParamSyncCheck", "PortCheck",
-           "ProcessGroupCheck", "SamplerCheck"]
+__all__ = ["ALL", "BnSyncCheck", "CollectivesBenchCheck", "CollectivesCheck", "EnvCheck", "LocateCheck",
+           "ParamSyncCheck", "PortCheck", "ProcessGroupCheck", "SamplerCheck"]
 
 ALL = (EnvCheck, PortCheck, ProcessGroupCheck, CollectivesCheck, SamplerCheck, ParamSyncCheck, BnSyncCheck,
-       CollectivesBenchCheck)
+       CollectivesBenchCheck, LocateCheck)

@@ -174,6 +174,35 @@ def bench(nproc: Optional[int], backend: Optional[str], master_addr: str, master
                      timeout=timeout, json_path=json_path, mode=mode or "auto", verbose=verbose)
 
 
+@cli.command(epilog=EXIT_CODE_HELP)
+@_world_options
+@click.option("--size", default="4M", show_default=True, help="Bytes per all_reduce in each test (K/M/G suffixes).")
+@click.option("--iters", type=click.IntRange(min=1), default=5, show_default=True, help="Timed calls per test.")
+@click.option("--round-timeout", type=click.FloatRange(min=0.5, max=3600), default=None,
+              help="Deadline of one round, seconds [default: a quarter of --timeout, 2-10 s].")
+@click.option("--min-busbw", type=click.FloatRange(min=0), default=None, metavar="GBPS",
+              help="Absolute floor: a test below this busbw (GB/s) is slow whatever the others do.")
+@click.option("--tolerance", type=click.FloatRange(min=0.05, max=0.95), default=0.3, show_default=True,
+              help="Relative: a test slower than the healthy median by more than this fraction is slow.")
+@click.option("--timeout", type=click.FloatRange(min=1, max=86400), default=300.0, show_default=True,
+              help="Deadline for the whole plan, seconds.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Also write the report (with every round's readings) as JSON to this path.")
+@click.option("-v", "--verbose", is_flag=True, help="Show every check's details and every rank's outcome.")
+def locate(nproc: Optional[int], backend: Optional[str], master_addr: str, master_port: int, size: str,
+           iters: int, round_timeout: Optional[float], min_busbw: Optional[float], tolerance: float, timeout: float,
+           json_path: Optional[str], mode: Optional[str], verbose: bool) -> int:
+    """Find the slow or dead node, link or group of nodes in a few rounds of parallel tests."""
+    from ddpdoctor.runner.bench import parse_bytes
+    from ddpdoctor.runner.locate import run_locate
+
+    _quiet_logs()
+    return run_locate(nproc=nproc, backend=backend, master_addr=master_addr, master_port=master_port,
+                      size=parse_bytes(size, "--size"), iters=iters, round_timeout=round_timeout,
+                      min_busbw=min_busbw, tolerance=tolerance, timeout=timeout, json_path=json_path, mode=mode or "auto",
+                      verbose=verbose)
+
+
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the facts as JSON.")
 def env(as_json: bool) -> int:

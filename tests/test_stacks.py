@@ -19,7 +19,7 @@ from ddpdoctor.postmortem.stacks import RankProcess, StackReading, pyspy_to_faul
 from jobscripts import line_of, torchrun, write_train
 
 CMD = [sys.executable, "-m", "ddpdoctor"]
-INJECT = os.path.join(os.path.dirname(ddpdoctor.__file__), "inject", "sitecustomize.py")
+INJECT = os.path.join(os.path.dirname(ddpdoctor.__file__), "postmortem", "inject", "sitecustomize.py")
 
 PYSPY_DUMP = """Process 4242: python train.py hang
 Python v3.11.7 (/usr/bin/python3.11)

@@ -1,0 +1,47 @@
+"""``ddpdoctor locate``: the ``locate`` check through the check runner, so it runs in the same local and
+joined worlds as ``ddpdoctor check`` (any launcher, one or more ranks per node); this module prints
+its verdict and writes the JSON.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+from ddpdoctor.report.terminal import Style, footer, header, render_result
+from ddpdoctor.runner.local import run_checks
+from ddpdoctor.runner.options import RunOptions
+
+__all__ = ["run_locate"]
+
+
+def run_locate(*, nproc: Optional[int], backend: Optional[str], master_addr: str, master_port: int, size: int,
+               iters: int, round_timeout: Optional[float], min_busbw: Optional[float], tolerance: float, timeout: float,
+               json_path: Optional[str], mode: str, verbose: bool) -> int:
+    """Run the plan, print the verdict on the reporting rank, write ``json_path``; the exit code.
+
+    The exit code is ``check``'s: 1 when a node is silent or below ``--min-busbw`` (the job would fail),
+    0 with slow suspects (a warning: the job runs, slowly), 2 for bad options.
+    """
+    settings = {"size": size, "iters": iters, "min_busbw": min_busbw, "tolerance": tolerance}
+    if round_timeout is not None:
+        settings["round_timeout"] = round_timeout
+    opts = RunOptions(nproc=nproc, backend=backend, master_addr=master_addr, master_port=master_port,
+                      only=["process-group", "locate"], timeout=timeout, mode=mode, options={"locate": settings})
+    outcome = run_checks(opts)
+    report = outcome.report
+    if report is None:  # a non-reporting rank in joined mode
+        if outcome.message:
+            print(outcome.message, file=sys.stderr)
+        return outcome.exit_code
+    style = Style.for_stream(sys.stdout)
+    width = max(len(r.name) for r in report.results)
+    lines = [header(report.world)]
+    for result in report.results:
+        lines += render_result(result, style, width, verbose or result.name == "locate")
+    lines.append(footer(report, False))
+    sys.stdout.write("\n".join(lines) + "\n")
+    sys.stdout.flush()
+    if json_path:
+        report.write_json(json_path)
+    return outcome.exit_code
