@@ -75,7 +75,7 @@ def test_readme_example_exits_cleanly_every_time(cli_env, tmp_path):
                  for r in range(2)]
         for r, p in enumerate(procs):
             try:
-                out, err = p.communicate(timeout=80)
+                out, err = p.communicate(timeout=240)
             except subprocess.TimeoutExpired:
                 for q in procs:
                     q.kill()

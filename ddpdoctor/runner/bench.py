@@ -42,15 +42,15 @@ def run_bench(*, nproc: Optional[int], backend: Optional[str], master_addr: str,
     Raises:
         UsageError: bad sizes or operation names (exit 2), before anything starts.
     """
+    if nproc == 1 and mode != "join":
+        raise UsageError("bench-one-rank", "--nproc 1: the bandwidth table times transfers between ranks, and one "
+                         "rank has none", "use --nproc 2 or more (with one GPU: --backend gloo --nproc 2, on CPU)")
     from ddpdoctor.checks.collectives import bench_rows
     from ddpdoctor.diagnostics.collective_plan import render_table, select_ops
     from ddpdoctor.report.terminal import Style, footer, header, render_result
     from ddpdoctor.runner.options import RunOptions
     from ddpdoctor.runner.local import run_checks
 
-    if nproc == 1 and mode != "join":
-        raise UsageError("bench-one-rank", "--nproc 1: the bandwidth table times transfers between ranks, and one "
-                         "rank has none", "use --nproc 2 or more (with one GPU: --backend gloo --nproc 2, on CPU)")
     lo, hi = parse_bytes(min_bytes, "--min-bytes"), parse_bytes(max_bytes, "--max-bytes")
     if lo > hi:
         raise UsageError("bad-size", f"--min-bytes {min_bytes} is larger than --max-bytes {max_bytes}",
