@@ -6,7 +6,15 @@ listening (on this host and on every test host). Multi-host faults run on networ
 (tests/netns.py; needs root and iproute2). Also times a 2-host check against the same check on one
 host. Prints a Markdown table (pasted into README.md).
 
+With --root-cause: the root-cause matrix instead (issue 13): every way a rank can fail (raises, returns
+a failed result, os._exit(0), os._exit(3), sys.exit(2), SIGKILL, SIGSEGV) x before the others' rendezvous
+completes or while they wait in all_reduce x 2, 3 and 4 ranks x local and torchrun worlds, each at
+--timeout 30. For each cell: the verdict line's status and whether it names the cause first and every
+other rank as left waiting (tests/rootcause.verify), and the seconds from the failure (the failing rank
+writes the time) to the printed verdict. The largest must be within ddpdoctor's CAUSE_GRACE.
+
 Usage: python benchmarks/fault_matrix.py [--timeout 3]
+       python benchmarks/fault_matrix.py --root-cause [--modes local,torchrun] [--jobs 3]
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -137,7 +146,7 @@ def scenarios(timeout: float):
         killed_at = time.monotonic()
         kids[0].kill()
         out = proc.communicate(timeout=120)[0]
-        return time.monotonic() - killed_at, verdict(out, "died")
+        return time.monotonic() - killed_at, verdict(out, "killed by")
 
     def ctrl_c():
         e = {**env, "DDPDOCTOR_PLUGINS": "faults", "FAULT_RANK": "0"}
@@ -254,10 +263,77 @@ def two_host_timing(repeat: int = 3) -> tuple[float, float]:
     return sorted(ones)[len(ones) // 2], sorted(twos)[len(twos) // 2]
 
 
+def root_cause_matrix(modes: list, jobs: int) -> None:
+    """Run every cell; print one row per cell and the max/median time to verdict per mode."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rootcause import FAULT_KINDS, Cell, cell_env, read_stamp, run_cli, torchrun_cmd, verdict_line, verify
+
+    from ddpdoctor.runner.verdict import CAUSE_GRACE
+
+    cells = [Cell(kind, when, n, (i + n) % n, mode) for mode in modes for n in (2, 3, 4)
+             for i, (kind, when) in enumerate((k, w) for k in FAULT_KINDS for w in ("before", "during"))]
+    workdir = tempfile.mkdtemp(prefix="ddpd-rootcause-")
+
+    def one(args: tuple) -> tuple:
+        i, cell = args
+        stamp = os.path.join(workdir, f"stamp{i}")
+        env = cell_env(base_env(), cell, stamp)
+        cmd = torchrun_cmd(cell) if cell.mode == "torchrun" else \
+            [PY, "-m", "ddpdoctor", "check", "--nproc", str(cell.nproc), "--timeout", "30", "--only",
+             "fault-matrix,fault-none"]
+        code, lines = run_cli(cmd, env, timeout=180)
+        found = verdict_line(lines)
+        if found is None or not os.path.exists(stamp):
+            return cell, None, "(no verdict)", False
+        at, status, summary = found
+        try:
+            verify(cell, status, summary)
+            ok = True
+        except AssertionError:
+            ok = False
+        secs = at - read_stamp(stamp)
+        os.unlink(stamp)
+        return cell, secs, f"[{status}] {summary}", ok
+
+    print("| world | fault | when | ranks | cause rank | verdict right | failure to verdict | verdict |")
+    print("|---|---|---|---|---|---|---|---|")
+    times: dict = {}
+    bad = 0
+    try:
+        for mode in modes:
+            mine = [(i, c) for i, c in enumerate(cells) if c.mode == mode]
+            with ThreadPoolExecutor(jobs if mode == "torchrun" else 1) as pool:
+                for cell, secs, line, ok in pool.map(one, mine):
+                    bad += not ok
+                    if secs is not None:
+                        times.setdefault(mode, []).append(secs)
+                    shown = f"{secs:.2f} s" if secs is not None else "n/a"
+                    print(f"| {mode} | {cell.kind} | {cell.when} | {cell.nproc} | {cell.rank} | "
+                          f"{'yes' if ok else 'NO'} | {shown} | `{line[:150]}` |", flush=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print()
+    for mode, ts in times.items():
+        ts = sorted(ts)
+        print(f"{mode}: {len(ts)} cells, failure to verdict: median {ts[len(ts) // 2]:.2f} s, max {ts[-1]:.2f} s "
+              f"(CAUSE_GRACE {CAUSE_GRACE:g} s: {'within' if ts[-1] <= CAUSE_GRACE else 'OVER'})")
+    everything = sorted(t for ts in times.values() for t in ts)
+    if everything:
+        print(f"all: median {everything[len(everything) // 2]:.2f} s, max {everything[-1]:.2f} s; "
+              f"wrong verdicts: {bad}; processes left: {leftovers()}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--timeout", type=float, default=3.0, help="ddpdoctor's --timeout for each scenario")
+    ap.add_argument("--root-cause", action="store_true", help="run the root-cause matrix (at --timeout 30)")
+    ap.add_argument("--modes", default="local,torchrun", help="root-cause matrix worlds: local,torchrun")
+    ap.add_argument("--jobs", type=int, default=3, help="torchrun cells run side by side")
     args = ap.parse_args()
+    if args.root_cause:
+        root_cause_matrix([m for m in args.modes.split(",") if m], args.jobs)
+        return
     print("| fault | what ddpdoctor reported | time to report | processes left | ports left listening |")
     print("|---|---|---|---|---|")
     for name, run in scenarios(args.timeout):

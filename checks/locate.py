@@ -139,6 +139,7 @@ def _measure(ctx: RankContext, members: list, size: int, iters: int, timeout: fl
     import torch
     import torch.distributed as dist
 
+    group = None
     try:
         group = dist.new_group(members, timeout=datetime.timedelta(seconds=timeout), use_local_synchronization=True)
         big = torch.ones(max(1, size // 4), dtype=torch.float32, device=ctx.device)
@@ -159,6 +160,12 @@ def _measure(ctx: RankContext, members: list, size: int, iters: int, timeout: fl
         return {"busbw": algbw * 2 * (n - 1) / n, "latency_us": latency}
     except Exception as exc:  # noqa: BLE001 - a timeout or a broken link is the reading
         return {"busbw": None, "latency_us": None, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    finally:
+        if group is not None:
+            try:
+                dist.destroy_process_group(group)  # one group per test: do not let them pile up
+            except Exception:  # noqa: BLE001 - a group broken by a timeout may not tear down cleanly
+                pass
 
 
 def _timed(call: Any, tensor: Any) -> float:

@@ -231,11 +231,13 @@ def env(as_json: bool) -> int:
 @click.option("--log", "log_path", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Read a job log (several ranks interleaved is fine).")
 @click.option("--json", "as_json", is_flag=True, help="Print the causes as JSON.")
-def explain(text: tuple, log_path: Optional[str], as_json: bool) -> int:
+@click.option("--here", is_flag=True,
+              help="Also check the causes against this machine (interfaces, GPUs, /dev/shm, torch/NCCL/CUDA).")
+def explain(text: tuple, log_path: Optional[str], as_json: bool, here: bool) -> int:
     """Name the known causes in an error message or job log (TEXT, --log FILE, or - for stdin)."""
     from ddpdoctor.postmortem.explain import explain_command
 
-    return explain_command(text, log_path, as_json)
+    return explain_command(text, log_path, as_json, here=here)
 
 
 @cli.command()

@@ -1,7 +1,8 @@
 """Check outcomes: the closed set of statuses and the records that cross process boundaries.
 
 A rank runs a check and produces an :class:`Outcome`; the coordinator merges the outcomes of every
-rank into one :class:`CheckResult` (the worst rank wins, every rank is kept). Both are frozen and
+rank into one :class:`CheckResult` (every rank is kept; a failed rank leads over the ranks that timed out
+waiting for it: merging is about causality, not severity). Both are frozen and
 round-trip through JSON, because they travel over the control channel between processes and hosts.
 """
 
@@ -15,7 +16,11 @@ __all__ = ["Status", "Outcome", "CheckResult", "merge_outcomes", "format_ranks",
 
 
 class Status(enum.IntEnum):
-    """How a check ended, ordered from best to worst so that ``max()`` picks the worst."""
+    """How a check ended, ordered from best to worst (for sorting and exit codes).
+
+    The order is severity, not causality: when one rank FAILed or CRASHed and others hit TIMEOUT
+    waiting for it, the failure is the verdict (see :func:`merge_outcomes`).
+    """
 
     PASS = 0
     SKIP = 1
@@ -180,15 +185,19 @@ def rank_label(ranks: Iterable[int]) -> str:
 
 
 def merge_outcomes(name: str, outcomes: Sequence[Outcome]) -> CheckResult:
-    """Merge per-rank outcomes: the worst status wins, every rank is kept.
+    """Merge per-rank outcomes: the worst status leads, every rank is kept.
 
-    When all ranks with the worst status say the same thing, the summary is theirs; otherwise
+    Causality before severity: when some ranks FAILed or CRASHed and others hit TIMEOUT, the
+    timeouts are the consequence (they waited for the failed ranks), so the failure leads.
+    When all ranks with the leading status say the same thing, the summary is theirs; otherwise
     the first such rank's summary is shown with the ranks it concerns.
     """
     ordered = tuple(sorted(outcomes, key=lambda o: o.rank))
     if not ordered:
         return CheckResult(name, Status.SKIP, "no rank ran this check")
-    worst = max(o.status for o in ordered)
+    statuses = {o.status for o in ordered}
+    causes = statuses & {Status.FAIL, Status.CRASH}
+    worst = max(causes) if causes and Status.TIMEOUT in statuses else max(statuses)
     concerned = [o for o in ordered if o.status == worst]
     first = concerned[0]
     ranks = tuple(o.rank for o in concerned)

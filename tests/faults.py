@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 import torch
@@ -105,3 +106,74 @@ class PassCheck(Check):
 
 
 CHECKS = [RaiseCheck, ExitCheck, SegvCheck, HangCheck, SkipCollectiveCheck, MarkThenCollectiveCheck, PassCheck]
+
+
+FAULT_KINDS = ("raise", "fail", "exit0", "exit3", "sysexit2", "sigkill", "sigsegv")
+
+
+def fail_now(ctx: RankContext) -> Outcome:
+    """Fail in the way FAULT_KIND names, after writing the time to FAULT_STAMP (if set)."""
+    kind = os.environ.get("FAULT_KIND", "raise")
+    stamp = os.environ.get("FAULT_STAMP")
+    if stamp:
+        with open(stamp, "w") as f:
+            f.write(repr(time.time()))
+    if kind == "raise":
+        raise RuntimeError(f"injected failure on rank {ctx.rank}")
+    if kind == "fail":
+        return ctx.failed(f"injected finding on rank {ctx.rank}", hint="undo the injected fault",
+                          finding="injected-fault")
+    if kind in ("exit0", "exit3"):
+        os._exit(int(kind[-1]))
+    if kind == "sysexit2":
+        sys.exit(2)
+    if kind == "vanish":  # the rank's whole process goes (joined mode: the launched process, as the OOM killer does)
+        os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(5)
+    if kind in ("sigkill", "sigsegv"):
+        os.kill(os.getpid(), signal.SIGKILL if kind == "sigkill" else signal.SIGSEGV)
+        time.sleep(5)
+    raise AssertionError(f"unknown FAULT_KIND {kind!r}; one of {', '.join(FAULT_KINDS)}")
+
+
+class MatrixCheck(Check):
+    """FAULT_RANK fails (FAULT_KIND) either before the world forms (FAULT_WHEN=before: the others wait
+    for it in the rendezvous) or while the others wait for it in all_reduce (FAULT_WHEN=during)."""
+
+    name = "fault-matrix"
+    description = "FAULT_RANK fails in the FAULT_KIND way, FAULT_WHEN before or during a collective"
+    requires = Requirements(min_world_size=2, process_group=True)
+
+    def run(self, ctx: RankContext) -> Outcome:
+        target = ctx.rank == _target()
+        if target and os.environ.get("FAULT_WHEN", "during") == "before":
+            return fail_now(ctx)
+        ctx.process_group()
+        if target:
+            time.sleep(float(os.environ.get("FAULT_DELAY", "0.5")))  # the others are in all_reduce by now
+            return fail_now(ctx)
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        return ctx.passed(f"sum {t.item():g}")
+
+
+CHECKS.insert(CHECKS.index(PassCheck), MatrixCheck)  # fault-none runs after it
+
+
+class DeviceOrdinalCheck(Check):
+    """FAULT_RANK fails the way a rank does that asks for a GPU it cannot see (the message CUDA
+    gives), before the others' rendezvous completes."""
+
+    name = "fault-device-ordinal"
+    description = "FAULT_RANK raises CUDA's invalid device ordinal error before the process group forms"
+    requires = Requirements(min_world_size=2, process_group=True)
+
+    def run(self, ctx: RankContext) -> Outcome:
+        if ctx.rank == _target():
+            raise RuntimeError("CUDA error: invalid device ordinal\nCUDA kernel errors might be asynchronously "
+                               "reported at some other API call, so the stacktrace below might be incorrect.")
+        ctx.process_group()
+        return ctx.passed("joined")
+
+
+CHECKS.insert(CHECKS.index(PassCheck), DeviceOrdinalCheck)

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from ddpdoctor.causes.catalogue import CAUSES
+from ddpdoctor.causes.evidence import DERIVED
 from ddpdoctor.causes.matcher import explain_text, first_failure
 from ddpdoctor.postmortem.explain import render_matches
 from jobscripts import free_port, run_job, write_train
@@ -80,12 +81,18 @@ RECORDED = {
         "operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=4, NumelOut=4, Timeout(ms)=600000) "
         "ran for 600084 milliseconds before timing out."),
     # torch/csrc/distributed/c10d/NCCLUtils.hpp C10D_NCCL_CHECK + NCCL src/misc/shmutils.cc
-    "nccl-system-error": (
+    "shm-too-small": (
         "[rank0]: torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
         "NCCLUtils.hpp:275, unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.19.3\n"
         "[rank0]: ncclSystemError: System call (e.g. socket, malloc) or external library call failed or "
         "device error. \n[rank0]: Last error:\n"
         "[rank0]: Error while creating shared memory segment /dev/shm/nccl-vzIpS6 (size 9637888)"),
+    # the same check with a Last error that names no known cause (NCCL src/misc/shmutils.cc CUDACHECK)
+    "nccl-system-error": (
+        "[rank0]: torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+        "NCCLUtils.hpp:275, unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.19.3\n"
+        "[rank0]: ncclSystemError: System call (e.g. socket, malloc) or external library call failed or "
+        "device error. \n[rank0]: Last error:\n[rank0]: Cuda failure 'invalid argument'"),
     # NCCL src/init.cc: WARN("Duplicate GPU detected : rank %d and rank %d both on CUDA device %lx", ...)
     "duplicate-gpu": (
         "[rank1]: torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
@@ -135,7 +142,8 @@ def test_recorded_torchrun_log_names_the_killed_rank():
 def test_every_cause_is_complete_and_unknown_text_says_so():
     assert len({c.id for c in CAUSES}) == len(CAUSES)
     for c in CAUSES:
-        assert c.id == c.id.lower() and " " not in c.id and c.meaning and c.confirm and c.fix and c.patterns
+        assert c.id == c.id.lower() and " " not in c.id and c.meaning and c.confirm and c.fix
+        assert bool(c.patterns) != (c.id in DERIVED), c.id  # derived causes come from the evidence pass only
     assert explain_text("Segmentation fault in my own code") == []
     out = "\n".join(render_matches([], "the message"))
     assert "no known cause" in out and "ddpdoctor check" in out

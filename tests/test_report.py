@@ -66,11 +66,19 @@ def test_json_document_round_trips():
     assert back == list(sample().results)
 
 
-def test_merge_worst_wins_and_keeps_every_rank():
+def test_merge_lets_the_failure_lead_over_the_timeouts_it_caused_and_keeps_every_rank():
     o = [Outcome(2, Status.PASS, "ok"), Outcome(0, Status.TIMEOUT, "hung", hint="h"),
          Outcome(1, Status.FAIL, "bad", hint="f")]
     m = merge_outcomes("c", o)
-    assert m.status == Status.TIMEOUT and m.ranks == (0,) and [x.rank for x in m.outcomes] == [0, 1, 2]
+    assert m.status == Status.FAIL and m.ranks == (1,) and m.hint == "f"
+    assert [x.rank for x in m.outcomes] == [0, 1, 2]
+    crash = merge_outcomes("c", [Outcome(0, Status.TIMEOUT, "hung"), Outcome(1, Status.CRASH, "boom"),
+                                 Outcome(2, Status.TIMEOUT, "hung")])
+    assert crash.status == Status.CRASH and crash.ranks == (1,) and crash.summary == "rank 1: boom"
+    hang = merge_outcomes("c", [Outcome(0, Status.PASS, "ok"), Outcome(1, Status.TIMEOUT, "hung")])
+    assert hang.status == Status.TIMEOUT and hang.ranks == (1,)  # nobody failed: the hang is the verdict
+    worst = merge_outcomes("c", [Outcome(0, Status.WARN, "w", hint="x"), Outcome(1, Status.CRASH, "c")])
+    assert worst.status == Status.CRASH
     same = merge_outcomes("c", [Outcome(0, Status.FAIL, "x", hint="h"), Outcome(1, Status.FAIL, "x", hint="h"),
                                 Outcome(2, Status.PASS, "y")])
     assert same.summary == "ranks 0-1: x"

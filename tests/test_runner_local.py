@@ -57,7 +57,7 @@ def test_raising_check_is_a_crash_of_that_rank_and_the_run_goes_on(clean_launche
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("check,how", [("fault-exit", "exit 7"), ("fault-segv", "SIGSEGV")])
+@pytest.mark.parametrize("check,how", [("fault-exit", "exited with code 7"), ("fault-segv", "died of SIGSEGV")])
 def test_dead_rank_is_named_with_its_signal_or_code(clean_launcher_env, check, how):
     clean_launcher_env.setenv("DDPDOCTOR_PLUGINS", "faults")
     clean_launcher_env.setenv("FAULT_RANK", "1")
@@ -65,16 +65,18 @@ def test_dead_rank_is_named_with_its_signal_or_code(clean_launcher_env, check, h
     assert out.exit_code == 1
     r = res[check]
     assert r.status == Status.CRASH and r.ranks == (1,)
-    assert r.summary == f"rank 1 died ({how}); rank 0 finished"
     dead = r.outcomes[1]
-    if how == "SIGSEGV":
-        assert "SIGSEGV received by PID" in dead.summary
+    if how == "died of SIGSEGV":
+        line = _line_of("os.kill(os.getpid(), signal.SIGSEGV)")
+        assert r.summary == f"rank 1 died of SIGSEGV in run (tests/faults.py:{line}) during '{check}'; rank 0 finished"
+        assert "SIGSEGV received by PID" in dead.data["exit"]["text"]
         assert any("Segmentation fault" in line for line in dead.details)  # faulthandler in the log
         assert any("faults.py" in line for line in dead.details)
     else:
-        assert "exited with code 7" in dead.summary
+        assert r.summary == f"rank 1 exited with code 7 during '{check}'; rank 0 finished"
+        assert "os._exit or sys.exit" in r.hint
     assert res["fault-none"].status == Status.SKIP
-    assert res["fault-none"].summary == f"not run: rank 1 died during '{check}'"
+    assert res["fault-none"].summary == f"not run: rank 1 {how} during '{check}'"
 
 
 @pytest.mark.timeout(60)

@@ -43,3 +43,21 @@ def test_srun_failure_exits_non_zero_on_every_task(slurm, cli_env):
                        timeout=100)
     assert p.returncode == 1, p.stdout + p.stderr
     assert "rank 1: check raised ValueError: injected failure on rank 1" in p.stdout
+
+
+@pytest.mark.timeout(120)
+def test_srun_rank_killed_mid_collective_leads_the_verdict(slurm, cli_env, tmp_path):
+    from rootcause import Cell, cell_env, read_stamp, run_cli, verdict_line, verify
+
+    cell = Cell("sigkill", "during", 3, 1, "srun")
+    stamp = str(tmp_path / "stamp")
+    env = {**cell_env(cli_env, cell, stamp), "SLURM_CONF": slurm.env["SLURM_CONF"]}
+    code, lines = run_cli(["srun", "-n", "3", "--oversubscribe", "--kill-on-bad-exit=0", sys.executable, "-m",
+                           "ddpdoctor", "check", "--timeout", "30", "--only", "fault-matrix,fault-none"], env, 100)
+    text = "\n".join(line for _, line in lines)
+    found = verdict_line(lines)
+    assert found is not None, text
+    at, status, summary = found
+    verify(cell, status, summary)
+    assert at - read_stamp(stamp) < 15, text
+    assert code == 1, text

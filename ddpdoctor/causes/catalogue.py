@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["Cause", "CAUSES"]
+__all__ = ["CAUSES", "Cause"]
 
 @dataclass(frozen=True)
 class Cause:
@@ -38,8 +38,230 @@ class Cause:
 
 
 CAUSES: tuple = (
+    # --- issue 17: causes found in real logs from public issue threads (tests/explain_corpus) ---------
+    # Specific entries first: a line goes to the first entry that matches it.
+    Cause("cuda-arch-unsupported", "this PyTorch build has no kernels for the GPU",
+          (r"with CUDA capability sm_\d+ is not compatible with the current PyTorch installation",
+           r"PyTorch no longer supports this GPU because it is too old",
+           r"no kernel image is available for execution on the device"),
+          "The installed PyTorch wheel was not compiled for this GPU's architecture: a GPU newer than the "
+          "build (sm_86 with a CUDA 10 wheel, sm_120 with a wheel before CUDA 12.8) or older than its "
+          "minimum (compute capability 3.5 and below). Every CUDA kernel then fails with 'no kernel image'.",
+          "python -c 'import torch; print(torch.cuda.get_arch_list(), torch.cuda.get_device_capability())'; "
+          "ddpdoctor explain --here",
+          "install a PyTorch build whose CUDA version supports the GPU (pick the +cuXXX wheel from "
+          "pytorch.org for that GPU), or build from source for an old GPU"),
+    Cause("nccl-library-mismatch", "torch loads an NCCL it was not built with",
+          (r"undefined symbol: (nccl\w+)",),
+          "libtorch_cuda.so needs an NCCL function that the libnccl.so.2 it loaded does not have: a second "
+          "NCCL (another nvidia-nccl-cuXX wheel, a system or container libnccl on LD_LIBRARY_PATH) is found "
+          "before the one PyTorch was built against.",
+          "pip list | grep -i nccl; python -c 'import torch; print(torch.cuda.nccl.version())'; "
+          "echo $LD_LIBRARY_PATH; ddpdoctor explain --here",
+          "keep one NCCL, the one this torch wheel requires: uninstall the extra nvidia-nccl package or drop "
+          "the other libnccl from LD_LIBRARY_PATH (pip install --force-reinstall torch restores its own)"),
+    Cause("nccl-not-built", "this PyTorch has no NCCL (Windows, macOS or CPU build)",
+          (r"Distributed package doesn't have NCCL built in",),
+          "backend='nccl' was requested from a PyTorch without NCCL: every Windows and macOS build, and CPU "
+          "builds on Linux. It is not a missing install step.",
+          "python -c 'import torch.distributed as d; print(d.is_nccl_available())'",
+          "use backend='gloo' on Windows/macOS (or run under Linux/WSL2 for NCCL); on Linux install a CUDA "
+          "build of PyTorch"),
+    Cause("tcpstore-no-libuv", "TCPStore asked for libuv, which this build lacks (Windows)",
+          (r"use_libuv was requested but PyTorch was build without libuv support",),
+          "Since PyTorch 2.4 the rendezvous store uses libuv by default, but the Windows wheels are built "
+          "without it, so torchrun/accelerate fail before any rank starts.",
+          "python -c 'import torch; print(torch.__version__)' (2.4+ on Windows)",
+          "set USE_LIBUV=0 in the environment of the launcher (or init_method='tcp://host:port?use_libuv=0'), "
+          "or use PyTorch 2.3 on Windows"),
+    Cause("torch-api-mismatch", "the code and the installed PyTorch disagree on an API",
+          (r"module 'torch\.distributed' has no attribute '",
+           r"No module named 'torch\.distributed\.",
+           r"cannot import name '\w+' from 'torch\.distributed"),
+          "The code calls a torch.distributed API that the installed PyTorch does not have: the install is "
+          "older than the code needs (device_mesh, _tensor, _all_gather_base), or newer than code written "
+          "against removed internals.",
+          "python -c 'import torch; print(torch.__version__)' against the project's requirements",
+          "install the PyTorch version the project requires (usually newer), or update the code"),
+    Cause("launcher-local-rank-arg", "the launcher passes --local-rank, the script does not accept it",
+          (r"error: unrecognized arguments: --local[-_]rank",),
+          "python -m torch.distributed.launch appends --local-rank=N (PyTorch 2.0+; --local_rank before) to "
+          "the script's arguments. A parser that declares only the other spelling, or none, rejects it and "
+          "every rank exits with code 2.",
+          "the usage line above the error shows which spelling the script declares",
+          "launch with torchrun and read int(os.environ['LOCAL_RANK']); or accept both spellings: "
+          "parser.add_argument('--local-rank', '--local_rank', type=int, default=0)"),
+    Cause("no-launcher-env", "started without a launcher: RANK/MASTER_ADDR not set",
+          (r"environment variable (?:RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT|LOCAL_RANK) expected, but not set",
+           r"KeyError: '(?:RANK|LOCAL_RANK|WORLD_SIZE|MASTER_ADDR)'",
+           r"Could not find '(?:RANK|LOCAL_RANK)' in the torch environment"),
+          "init_process_group(init_method='env://') reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, which "
+          "torchrun, torch.distributed.launch, srun wrappers or mp.spawn code set. Run as plain python (an "
+          "IDE's Run button, os.system) they are missing.",
+          "env | grep -e RANK -e MASTER_ in the failing process",
+          "start the script with torchrun --nproc-per-node=N (or the project's launch script); for one "
+          "process, skip init_process_group or set RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=<free>"),
+    Cause("slurm-tasks-mismatch", "Slurm tasks do not match what the trainer expects",
+          (r"number of tasks per node configured in SLURM .* does not match",
+           r"number of nodes configured in SLURM .* does not match",
+           r"You requested \d+ GPUs but launched \d+ slurm tasks"),
+          "Under Slurm, Lightning (and srun-based launchers) take the world from SLURM_NTASKS / "
+          "--ntasks-per-node / --nodes. When those differ from devices= and num_nodes=, some ranks are never "
+          "started and the others wait at initialization until a timeout or the time limit.",
+          "echo $SLURM_NTASKS $SLURM_NTASKS_PER_NODE $SLURM_NNODES inside the job; compare with the Trainer",
+          "make #SBATCH --nodes equal num_nodes and --ntasks-per-node equal devices (one task per GPU), "
+          "and drop a conflicting --ntasks"),
+    Cause("master-host-unresolved", "the master's hostname does not resolve (yet)",
+          (r"network addresses of \((?!localhost,)\S+, \d+\) cannot be retrieved \(gai error",
+           r"host not found: Name or service not known",
+           r"socket\.gaierror"),
+          "MASTER_ADDR (or the rendezvous endpoint) is a name this node's resolver cannot turn into an address. "
+          "Two readings: the name is wrong or only known on another host (use an IP), or it is a pod/DNS name "
+          "that resolves only once that host is up: then the warnings stop by themselves and matter only if "
+          "they last until the rendezvous timeout.",
+          "getent hosts <MASTER_ADDR> on every node; ddpdoctor check --only port",
+          "set MASTER_ADDR to the master's IP address (or a name every node resolves); if the warnings are "
+          "only at start-up while the master pod comes up, nothing needs fixing"),
+    Cause("socket-ifname-missing", "NCCL_/GLOO_SOCKET_IFNAME names an interface this host does not have",
+          (r"Unable to find address for: (\S+)",
+           r"Bootstrap : no socket interface found",
+           r"is neither AF_INET\(2\) nor AF_INET6\(10\)",
+           r"no NCCL_SOCKET_IFNAME interface found"),
+          "The interface named in GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME (or the host name gloo resolves) "
+          "has no address here: a name copied from another machine (eth0 vs enp7s0), different names on "
+          "different nodes, or NCCL's ^exclusion syntax given to GLOO_SOCKET_IFNAME, which takes one name.",
+          "ip -brief addr (on every node); ddpdoctor explain --here checks the name against this host",
+          "set the variable to an interface that exists on each node (NCCL accepts a comma list: "
+          "NCCL_SOCKET_IFNAME=enp4s0,enp6s0; GLOO_SOCKET_IFNAME takes exactly one), or unset it"),
+    Cause("nccl-wrong-interface", "NCCL uses an interface the nodes cannot reach each other on",
+          (r"NET/Socket : Using \[0\]lo:",
+           r"NET/Socket : Using .*\[\d+\](?:br-|docker\d|veth)",
+           r"NCCL_SOCKET_IFNAME set by environment to lo\b"),
+          "NCCL's socket transport picked (or was told to use) loopback, docker bridges or veth interfaces, "
+          "whose addresses the other nodes cannot reach; connections are refused or reset during init.",
+          "the 'NET/Socket : Using' line of NCCL_DEBUG=INFO lists the interfaces it chose",
+          "set NCCL_SOCKET_IFNAME to the interface the nodes share (e.g. bond0, eth0), or exclude the "
+          "others (NCCL_SOCKET_IFNAME=^lo,docker,veth,br-)"),
+    Cause("nccl-ib-network", "InfiniBand/RoCE transport errors (HCA, GID index, routing)",
+          (r"NET/IB : Got completion (?:from peer \S+ )?with error \d+",
+           r"Call to ibv_modify_qp failed",
+           r"NET/IB : No device found",
+           r"NET/OFI Request \S+ completed with error"),
+          "NCCL's InfiniBand/RoCE connections failed: error 12 is a transport retry timeout (the NICs cannot "
+          "talk: wrong GID index for RoCE v2, routing between rails, a bad link), ibv_modify_qp timing out "
+          "means the queue pair never reached the peer.",
+          "ibstat / show_gids on both nodes; ib_write_bw between them; NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET",
+          "set NCCL_IB_GID_INDEX to the RoCE v2 GID (show_gids), NCCL_IB_HCA to the right NICs, "
+          "NCCL_CROSS_NIC=0 on rail-optimized fabrics; fix or exclude the bad nodes"),
+    Cause("nccl-remote-error", "NCCL remote error: a peer exited, or the network failed",
+          (r"remote process exited or there was a network error", r"ncclRemoteError"),
+          "NCCL lost a connection to a peer. Two readings: (1) the peer process died first (a crash, a "
+          "signal, an exception) and this rank is a victim; (2) the network between them failed (IB/RoCE "
+          "errors, a reset link) and no rank crashed. Tell them apart by whether another rank's own error "
+          "or signal comes first in the log, and by the 'Last error' line (NET/IB, Connection reset).",
+          "the first failure (torchrun's Root Cause) and the other ranks' last lines; on the nodes: "
+          "ibstat, dmesg",
+          "if a rank crashed first, fix that rank; if none did, check the fabric (ibstat, ib_write_bw) and "
+          "exclude bad nodes"),
+    Cause("more-ranks-than-gpus", "more processes on a node than it has GPUs",
+          (r"invalid device ordinal",),
+          "A rank asked for a CUDA device that does not exist on its node: --nproc-per-node (or the recipe's "
+          "GPU count) is larger than the GPUs visible (CUDA_VISIBLE_DEVICES), so local ranks past the last "
+          "GPU fail at set_device.",
+          "nvidia-smi -L and echo $CUDA_VISIBLE_DEVICES against --nproc-per-node; ddpdoctor explain --here",
+          "set --nproc-per-node (devices=, GPUS_PER_NODE) to the number of GPUs the node has and exposes"),
+    Cause("cpu-tensor-nccl", "CPU tensors (or a CPU model) under the NCCL backend",
+          (r"No backend type associated with device type cpu",
+           r"Tensors must be CUDA and dense",
+           r"module parameters \{device\(type='cpu'\)\}"),
+          "NCCL only moves CUDA tensors: a collective got a CPU tensor (a flag or length created without "
+          "device=), or DistributedDataParallel got device_ids for a model still on the CPU.",
+          "the traceback names the collective; print(tensor.device) just before it",
+          "create the tensor on the rank's GPU (device=f'cuda:{local_rank}') or move the model there before "
+          "DDP; for CPU-side collectives init with backend='cpu:gloo,cuda:nccl' (or a gloo group)"),
+    Cause("ddp-reentrant-checkpoint", "a parameter marked ready twice (reentrant checkpointing)",
+          (r"Expected to mark a variable ready only once", r"has been marked as ready twice"),
+          "DDP saw a second gradient for the same parameter in one iteration: almost always reentrant "
+          "activation checkpointing (torch.utils.checkpoint with use_reentrant=True, HF "
+          "gradient_checkpointing) re-running part of the model in backward; or a parameter used outside "
+          "forward.",
+          "the traceback goes through torch/utils/checkpoint.py; TORCH_DISTRIBUTED_DEBUG=DETAIL names the parameter",
+          "use non-reentrant checkpointing (checkpoint(..., use_reentrant=False); HF: "
+          "gradient_checkpointing_kwargs={'use_reentrant': False}), or DDP(..., static_graph=True) when the "
+          "graph never changes"),
+    Cause("cuda-fork", "CUDA used in a forked subprocess",
+          (r"Cannot re-initialize CUDA in forked subprocess",),
+          "CUDA cannot be used in a process forked after the parent initialised it: DataLoader workers that "
+          "touch the GPU, or multiprocessing with the default 'fork' start method after a .cuda() call.",
+          "the traceback shows where: a DataLoader worker (keep data work on CPU) or your own Process/Pool",
+          "keep CUDA out of dataset/worker code (move to GPU in the training loop), or start the children with "
+          "'spawn' (mp.set_start_method('spawn') / DataLoader(multiprocessing_context='spawn'))"),
+    Cause("shm-too-small", "/dev/shm too small (bus error, NCCL shared memory)",
+          (r"Unexpected bus error encountered in worker",
+           r"is killed by signal: Bus error",
+           r"Error while creating shared memory segment",
+           r"failed to extend /dev/shm/",
+           r"Caught signal 7 \(Bus error",
+           r"SIGBUS received"),
+          "Shared memory ran out: DataLoader workers pass batches and NCCL passes data between local ranks "
+          "through /dev/shm, and containers get 64 MB by default (16 MB on some CI images). A full /dev/shm "
+          "shows up as a bus error (SIGBUS) or a failed segment.",
+          "df -h /dev/shm inside the container; ddpdoctor explain --here (size and free space)",
+          "give the container more shared memory: docker run --shm-size=8g (or --ipc=host); Kubernetes: an "
+          "emptyDir with medium: Memory mounted on /dev/shm; or fewer DataLoader workers"),
+    Cause("shm-permission", "/dev/shm is not writable",
+          (r"unable to open shared memory object <[^>]*> in read-write mode: Permission denied",
+           r"Permission denied: '/dev/shm"),
+          "Python multiprocessing (DataLoader workers' queues and locks) and torch's shared tensors create "
+          "files in /dev/shm; here the process may not write there (mounted 755, missing in a sandbox), so "
+          "the semaphore creation fails with Errno 13. This is permission, not size.",
+          "ls -ld /dev/shm (expect drwxrwxrwt); ddpdoctor explain --here",
+          "make /dev/shm a writable tmpfs with mode 1777 (mount -t tmpfs -o mode=1777 tmpfs /dev/shm; in a "
+          "container bind one), or run the loader with num_workers=0"),
+    Cause("host-oom", "killed by the host's out-of-memory killer",
+          (r"is killed by signal: Killed",
+           r"oom[-_]kill event",
+           r"srun: error: \S+: task \d+: Out Of Memory"),
+          "A process got SIGKILL (exit -9, 'Killed'), which in training jobs is almost always the kernel's or "
+          "the cgroup's out-of-memory killer: host RAM (not GPU memory) ran out while loading checkpoints, "
+          "offloading optimizer states, or in DataLoader workers. A scheduler kill for time says so itself.",
+          "dmesg | grep -i -e oom -e killed; the job's memory request (Slurm --mem); free -h while it runs",
+          "use less host memory per node (fewer ranks or workers, no CPU offload, sharded/lazy checkpoint "
+          "loading) or give the job more RAM"),
+    Cause("store-timeout", "a rank waited at the store past the timeout",
+          (r"Socket Timeout", r"Timed out waiting \d+ms for recv"),
+          "A rank waited for a key (the NCCL unique id, a barrier) that another rank had not written within "
+          "the timeout: that rank was busy with long work, or gone.",
+          "the other ranks' last lines: long work (dataset preprocessing, loading) or an error",
+          "find what the missing rank was doing; move long work out of the distributed section or raise "
+          "timeout= in init_process_group"),
+    Cause("slow-rank-timeout", "timeout while one rank did long work (dataset, loading, checkpoint)",
+          (),
+          "One rank spent longer than the process group timeout in work of its own (tokenizing or mapping a "
+          "dataset, loading weights, saving a checkpoint, validating) while the others waited in a barrier or "
+          "collective, so their watchdog or store timeout fired. Nothing is broken; the timeout is too short "
+          "for that work.",
+          "the long task's progress lines on one rank just before the others' timeout",
+          "do the long work before the distributed part (preprocess and cache the dataset once; "
+          "main_process_first + cache), or raise the timeout: init_process_group(timeout=timedelta(hours=2)), "
+          "HF --ddp_timeout, accelerate InitProcessGroupKwargs(timeout=...)"),
+    Cause("ddp-unused-already-on", "unused parameters with find_unused_parameters=True already on",
+          (),
+          "DDP still reports parameters without gradients although the log shows find_unused_parameters=True "
+          "is already set: the parameters are outside what DDP can trace (used under no_grad or outside "
+          "forward, a head that never gets a loss), so turning detection on does not help.",
+          "TORCH_DISTRIBUTED_DEBUG=INFO names the parameters; check where they are used",
+          "freeze them (requires_grad=False before wrapping in DDP) or remove the unused module; or make them "
+          "take part in the loss (even times zero)"),
+    Cause("syncbn-single-process", "SyncBatchNorm without a process group",
+          (),
+          "A model with SyncBatchNorm (or a config with SyncBN) ran in a single process: SyncBatchNorm asks for "
+          "the world size and there is no default process group.",
+          "the traceback goes through batchnorm.py (SyncBatchNorm.forward) into get_world_size",
+          "for single-process runs use plain BatchNorm (norm_cfg type 'BN'; choose the layer by world size) "
+          "or create a world_size=1 process group"),
     Cause("no-default-process-group", "default process group not initialized",
-          (r"Default process group has not been initialized",),
+          (r"Default process group has not been initialized", r"Default process group is not initialized"),
           "A torch.distributed call (all_reduce, barrier, DistributedDataParallel, get_rank) ran before "
           "init_process_group, or in a process that never called it (a DataLoader worker, an eval script).",
           "ddpdoctor check --only process-group",
@@ -62,7 +284,9 @@ CAUSES: tuple = (
           "set GLOO_SOCKET_IFNAME to the interface the nodes share (e.g. eth0), or fix /etc/hosts so "
           "the hostname resolves to that interface's address"),
     Cause("rendezvous-unreachable", "rendezvous connect timeout or refused",
-          (r"client socket has timed out after \d+ms while trying to connect to",
+          (r"client socket has timed out after \d+m?s while trying to connect to",
+           r"connect\(\) timed out", r"^RuntimeError: Connection timed out\s*$",
+           r"Timed out initializing process group in store based barrier",
            r"TCP client failed to connect/validate to host",
            r"[Cc]onnection refused",
            r"RendezvousTimeoutError|RendezvousConnectionError",
@@ -85,7 +309,7 @@ CAUSES: tuple = (
           "dump (TORCH_NCCL_DUMP_ON_TIMEOUT=1, python -m torch.distributed.flight_recorder.fr_trace)",
           "find the rank whose stack differs and fix what it does; rerun with ddpdoctor run to get the "
           "grouped stacks and the Flight Recorder dump automatically"),
-    Cause("nccl-system-error", "NCCL unhandled system error (/dev/shm)",
+    Cause("nccl-system-error", "NCCL system error (most often /dev/shm)",
           (r"unhandled system error", r"ncclSystemError",
            r"Error while creating shared memory segment",
            r"/dev/shm/nccl-"),
@@ -101,8 +325,18 @@ CAUSES: tuple = (
           "ddpdoctor check --only process-group (one GPU per rank)",
           "call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before init_process_group and pass "
           "device_ids=[local_rank] to DistributedDataParallel"),
+    # -- issue 13 (cause13): a rank asking for a GPU it cannot see ------------------------------
+    Cause("invalid-device-ordinal", "more local ranks than visible GPUs",
+          (r"CUDA error: invalid device ordinal", r"invalid device ordinal"),
+          "A rank asked for cuda:<local_rank> and that GPU does not exist here: more processes per node "
+          "than visible GPUs (torchrun --nproc-per-node above the GPU count), or CUDA_VISIBLE_DEVICES "
+          "hides some of them. That rank fails at once; the others then wait for it.",
+          "nvidia-smi -L (the GPUs this node has); echo $CUDA_VISIBLE_DEVICES; ddpdoctor check --only env",
+          "use --nproc-per-node at most the GPU count (one rank per GPU), or set CUDA_VISIBLE_DEVICES to "
+          "list as many GPUs as local ranks"),
     Cause("ddp-unused-parameters", "DDP unused parameters",
-          (r"Expected to have finished reduction in the prior iteration",),
+          (r"Expected to have finished reduction in the prior iteration",
+           r"did not receive grad for rank \d+"),
           "Some parameters got no gradient in the last iteration (a branch not taken, a frozen head, an "
           "output not used in the loss), so DDP's reduction never finished.",
           "ddpdoctor check --only param-sync (names unused parameters), or rerun with "
@@ -154,6 +388,7 @@ CAUSES: tuple = (
           (r"Signal \d+ \((SIG[A-Z0-9]+)\) received by PID \d+",
            r"died with <Signals\.(SIG[A-Z0-9]+): \d+>",
            r"exitcode\s*:\s*-(\d+) \(pid",
+           r"failed \(exitcode: -(\d+)\)", r"exits with return code = -(\d+)",
            r"(SIG[A-Z]+) received by PID \d+"),
           "A rank process ended by a signal, not an exception.",
           "dmesg | grep -i -e oom -e killed (SIGKILL); ddpdoctor check --only env (memory, /dev/shm)",

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
 from ddpdoctor.causes.catalogue import CAUSES, Cause
+from ddpdoctor.causes.evidence import refine
 from ddpdoctor.system.signals import signal_hint
 
 __all__ = ["Match", "explain_text", "first_failure", "ranks_of_lines"]
@@ -140,6 +141,7 @@ def explain_text(text: str, causes: Iterable[Cause] = CAUSES) -> list:
         if cause.id == "gloo-connect-full-mesh" and _LOOPBACK.search(line):
             match.extra = ("The address in the message is a loopback address: on a multi-node job this "
                            "node's hostname resolves to loopback, so the other nodes cannot reach it.")
+    refine(lines, found, {c.id: c for c, _ in table}, Match)  # counts, settings, versions; generic vs specific
     if "port-in-use" in found and "rendezvous-unreachable" in found:
         # EADDRINUSE on the master makes the others time out: the timeout is a consequence.
         found["rendezvous-unreachable"].extra = "Here most likely because the master could not listen (port-in-use)."

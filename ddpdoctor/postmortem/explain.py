@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 from ddpdoctor.causes.matcher import Match, explain_text, first_failure
 from ddpdoctor.result import format_ranks
 
-__all__ = ["render_matches", "read_input", "explain_command"]
+__all__ = ["explain_command", "read_input", "render_matches"]
 
 
 def render_matches(matches: Sequence[Match], source: str, first: Optional[str] = None) -> list:
@@ -57,8 +57,12 @@ def read_input(text: Sequence[str], log_path: Optional[str]) -> tuple:
     return " ".join(text), "the message"
 
 
-def explain_command(text: Sequence[str], log_path: Optional[str], as_json: bool) -> int:
-    """``ddpdoctor explain``: print the known causes; exit 0 (finding nothing is not an error)."""
+def explain_command(text: Sequence[str], log_path: Optional[str], as_json: bool, here: bool = False,
+                    probe=None) -> int:
+    """``ddpdoctor explain``: print the known causes; exit 0 (finding nothing is not an error).
+
+    ``here``: also confirm or rule out the causes with this machine's facts (``probe``: the seam to it).
+    """
     import json
 
     import click
@@ -66,9 +70,22 @@ def explain_command(text: Sequence[str], log_path: Optional[str], as_json: bool)
     body, source = read_input(text, log_path)
     matches = explain_text(body)
     first = first_failure(body)
+    facts = checks = None
+    if here:
+        from ddpdoctor.causes.here import check_here, gather_facts
+
+        facts = gather_facts(probe, body)
+        checks = check_here(matches, body, facts)
     if as_json:
-        click.echo(json.dumps({"schema": 1, "source": source, "first_failure": first,
-                               "causes": [m.to_dict() for m in matches]}, indent=2))
+        doc = {"schema": 1, "source": source, "first_failure": first, "causes": [m.to_dict() for m in matches]}
+        if here:
+            doc["here"] = {"facts": facts.to_dict(), "checks": [c.to_dict() for c in checks]}
+        click.echo(json.dumps(doc, indent=2))
     else:
-        click.echo("\n".join(render_matches(matches, source, first)))
+        lines = render_matches(matches, source, first)
+        if here:
+            from ddpdoctor.causes.here import render_here
+
+            lines += render_here(facts, checks)
+        click.echo("\n".join(lines))
     return 0

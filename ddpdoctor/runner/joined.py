@@ -20,7 +20,7 @@ from ddpdoctor.dist.launcher import LaunchInfo
 from ddpdoctor.errors import UsageError
 from ddpdoctor.report.document import RunReport
 from ddpdoctor.report.progress import Progress
-from ddpdoctor.result import CheckResult, Outcome, Status
+from ddpdoctor.result import CheckResult, Outcome, Status, rank_label
 from ddpdoctor.runner.channel import Channel, ChannelLost, connect_store, host_store
 from ddpdoctor.runner.lockstep import Coordinator, interrupted_results
 from ddpdoctor.runner.options import Interrupted, RunOptions, RunOutcome, terminate_as_interrupt
@@ -28,6 +28,7 @@ from ddpdoctor.runner.supervisor import Supervisor
 from ddpdoctor.runner.worker import WorkerSpec
 from ddpdoctor.system.nvml import visible_gpus
 from ddpdoctor.system.ports import bind_master, probe_connect
+from ddpdoctor.system.stackframes import where_hung
 
 __all__ = ["run_joined", "run_id"]
 
@@ -125,13 +126,12 @@ def run_joined(opts: RunOptions, info: LaunchInfo, checks: Sequence[Check], prog
     except (KeyboardInterrupt, Interrupted) as exc:
         why = exc.signame if isinstance(exc, Interrupted) else "SIGINT"
         if rank == 0:
-            done = coordinator.results if coordinator else []
-            report = RunReport(coordinator.world if coordinator else world,
-                               tuple(interrupted_results(checks, done, coordinator.current if coordinator else None, why)),
-                               duration=time.monotonic() - start, interrupted=why)
+            _last_words(channel, None, rank, why)
+            report = _interrupted_report(coordinator, world, checks, why, start)
             code = int(report.exit_code())
         else:
-            code, message = 130, f"ddpdoctor rank {rank}: interrupted by {why}"
+            _last_words(channel, supervisor, rank, why)
+            code, message = 130, _without_rank_0(channel, rank, info.world_size, why)
     finally:
         supervisor.stop()
         if channel is not None:
@@ -141,6 +141,61 @@ def run_joined(opts: RunOptions, info: LaunchInfo, checks: Sequence[Check], prog
         del store
         shutil.rmtree(workdir, ignore_errors=True)
     return RunOutcome(report, code, message)
+
+
+def _interrupted_report(coordinator: Optional[Coordinator], world: WorldInfo, checks: Sequence[Check], why: str,
+                        start: float) -> RunReport:
+    """Rank 0 was interrupted: if a rank vanished first (the launcher stops the rest when one rank's
+    process ends), that rank leads the report; otherwise what finished, then the rest skipped."""
+    if coordinator is None:
+        return RunReport(world, tuple(interrupted_results(checks, [], None, why)),
+                         duration=time.monotonic() - start, interrupted=why)
+    done = list(coordinator.results)
+    try:
+        vanished = coordinator.launcher_stopped(why)
+    except (ChannelLost, Interrupted):
+        vanished = None
+    if vanished is None:
+        return RunReport(coordinator.world, tuple(interrupted_results(checks, done, coordinator.current, why)),
+                         duration=time.monotonic() - start, interrupted=why)
+    reason = f"not run: {rank_label(vanished.ranks)} vanished during '{vanished.name}'"
+    results = done + [vanished] + [CheckResult(c.name, Status.SKIP, reason) for c in checks[len(done) + 1:]]
+    return RunReport(coordinator.world, tuple(results), duration=time.monotonic() - start)
+
+
+def _last_words(channel: Optional[Channel], supervisor: Optional[Supervisor], rank: int, why: str) -> None:
+    """A rank stopped by the launcher says so (and where its worker was) before it goes, so rank 0 can
+    tell the ranks that were stopped from the one that vanished first."""
+    if channel is None:
+        return
+    try:
+        with terminate_as_interrupt():
+            stack = supervisor.dump_stacks([rank], wait=0.5).get(rank, "") if supervisor else ""
+            channel.put(f"term/{rank}", {"why": why, "where": where_hung(stack) if stack else ""})
+    except (ChannelLost, Interrupted, OSError):
+        pass
+
+
+def _without_rank_0(channel: Optional[Channel], rank: int, world_size: int, why: str, wait: float = 1.0) -> str:
+    """This rank was stopped by the launcher. If rank 0 (the reporter) said nothing, it is the one that
+    vanished: the lowest rank that said its last words reports that in one line; the others stay brief."""
+    plain = f"ddpdoctor rank {rank}: interrupted by {why}"
+    if channel is None:
+        return plain
+    try:
+        with terminate_as_interrupt():
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                if channel.has("term/0") or channel.has("final"):
+                    return plain
+                time.sleep(0.02)
+            said = [r for r in range(1, world_size) if r == rank or channel.has(f"term/{r}")]
+    except (ChannelLost, Interrupted):
+        return plain
+    if min(said) != rank:
+        return plain
+    return (f"ddpdoctor rank {rank}: rank 0 vanished (no verdict, no last words: its process ended first); "
+            f"the launcher then stopped {rank_label(said)} ({why}); read rank 0's own output above")
 
 
 def _follow(channel: Channel, supervisor: Supervisor, rank: int, budget: float) -> tuple[int, str]:

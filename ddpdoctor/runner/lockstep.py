@@ -2,10 +2,11 @@
 
 It runs in the supervising process of the local world, or in rank 0's supervisor in joined mode.
 For each check it publishes a directive (run, skip, supervisor, stop), then waits for every rank's
-outcome until the deadline. A rank that died becomes CRASH (with the signal's name and its log); a
-rank that is alive but silent becomes TIMEOUT with its Python stack. After a hang or a death the
-remaining checks are skipped with the reason (their collectives could not complete), and every
-rank's outcome is still reported.
+outcome until the deadline, or until a short grace after a rank failed, crashed or ended (that rank is
+the cause: the others are waiting for it, see :mod:`verdict`). A rank that ended becomes CRASH (exit
+code or signal, and its log); a rank still silent is stopped after its Python stack is taken. After
+that the remaining checks are skipped with the reason (their collectives could not complete), and
+every rank's outcome is still reported.
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ from ddpdoctor.report.progress import Progress
 from ddpdoctor.result import CheckResult, Outcome, Status, format_ranks, rank_label
 from ddpdoctor.runner.channel import Channel
 from ddpdoctor.runner.supervisor import Supervisor
+from ddpdoctor.runner.verdict import UNREACHABLE, WAIT_GRACE, Trouble, compose, dead_outcome, is_failure
 from ddpdoctor.system.stackframes import where_hung
 
 __all__ = ["Coordinator", "interrupted_results"]
 
 POLL = 0.005
-DEATH_GRACE = 2.0  # seconds the others get to report after a rank died
-UNREACHABLE = "no answer"  # a silent rank whose supervisor did not answer the stack request either
+STACK_WAIT = 1.0  # seconds the silent ranks' supervisors get to answer a stack request
 
 
 @dataclass
@@ -55,6 +56,7 @@ class Coordinator:
     lost: set = field(default_factory=set)
     hellos: dict = field(default_factory=dict)
     current: Optional[str] = None
+    current_index: int = -1
 
     def _tick(self) -> None:
         self.supervisor.poll()
@@ -94,7 +96,7 @@ class Coordinator:
         if self.missing:
             pg_broken = pg_broken or (f"{rank_label(self.missing)} never arrived")
         for i, check in enumerate(self.checks):
-            self.current = check.name
+            self.current, self.current_index = check.name, i
             reason = aborted or self._skip_reason(check, pg_broken)
             if check.runs_in == "supervisor":
                 self.channel.put(f"plan/{i}", {"action": "supervisor"})
@@ -153,69 +155,86 @@ class Coordinator:
         return check.merge(list(outcomes.values()), self.world)
 
     def _collect(self, i: int, check: Check) -> tuple[CheckResult, Optional[str]]:
+        """Wait for every rank's outcome of check ``i``. Once a rank failed, crashed or ended, the
+        others get WAIT_GRACE to finish (not the whole deadline): those still silent then were left
+        waiting for it; their stacks are taken and they are halted (see :mod:`verdict`)."""
         ranks = sorted(self.hellos)
         got: dict[int, Outcome] = {}
         dead: dict[int, dict] = {}
+        seen: dict[int, float] = {}
         started = time.monotonic()
         deadline = started + self.timeout
         while time.monotonic() < deadline:
             for r in ranks:
-                if r in got or r in dead:
+                if r in got:
                     continue
                 key = f"result/{i}/{r}"
                 if self.channel.has(key):
                     got[r] = Outcome.from_dict(self.channel.get(key))
                 else:
                     info = self._dead(r)
-                    if info is not None:
-                        dead[r] = info
-                        # The survivors are stuck in a collective with the dead rank: do not
-                        # wait out the whole deadline for them.
-                        deadline = min(deadline, time.monotonic() + DEATH_GRACE)
-            if len(got) + len(dead) == len(ranks):
-                break
-            if dead and not got and len(dead) == len(ranks):
+                    if info is None:
+                        continue
+                    dead[r] = info
+                    got[r] = dead_outcome(r, info, check.name, time.monotonic() - started)
+                seen[r] = time.monotonic()
+                if is_failure(got[r]):
+                    deadline = min(deadline, seen[r] + WAIT_GRACE)
+            if len(got) == len(ranks):
                 break
             self._tick()
-        silent = [r for r in ranks if r not in got and r not in dead]
+        silent = [r for r in ranks if r not in got]
+        if not silent and not dead:
+            return self._merged(check, got), None
         stacks = self._stacks(silent) if silent else {}
-        for r, info in dead.items():
-            got[r] = Outcome(r, Status.CRASH, f"died: {info['text']}", hint=info["hint"],
-                             finding="rank-died", details=tuple(info.get("log", ())), data={"exit": info})
         for r in silent:
             if r not in stacks:
                 self.lost.add(r)
-            place = where_hung(stacks[r]) if r in stacks else UNREACHABLE
-            got[r] = Outcome(r, Status.TIMEOUT, f"did not finish within {self.timeout:g}s: "
-                             + ("lost contact (no answer on the control channel)" if place == UNREACHABLE
-                                else f"in {place}"),
-                             hint="find why the other ranks did not reach the same call (a rank that skipped "
-                                  "a collective, a crash, or a slow network); raise --timeout if it is just slow",
-                             finding="rank-hung", details=tuple(stacks.get(r, "").splitlines()),
-                             data={"where": place}, duration=time.monotonic() - started)
+            got[r] = self._silent_outcome(r, stacks.get(r), time.monotonic() - started)
+        self._halt(silent)
         try:
-            if silent or dead:
-                result = _trouble_result(check, [got[r] for r in sorted(got)], silent, dead, self.world)
-                result = check.explain_trouble(result, self.channel.raw, self.world)
-            else:
-                result = check.merge([got[r] for r in sorted(got)], self.world)
+            result, trouble = compose(Trouble(check, got, silent, dead, seen, self.world),
+                                      lambda res: check.explain_trouble(res, self.channel.raw, self.world))
         except Exception as exc:  # noqa: BLE001 - a crashing merge is a result too
-            result = CheckResult(check.name, Status.CRASH, f"merging the ranks' results raised "
-                                 f"{type(exc).__name__}: {exc}", finding="check-crashed",
-                                 hint="report this to ddpdoctor with the JSON report",
-                                 outcomes=tuple(got[r] for r in sorted(got)))
-        trouble = None
-        if dead:
-            trouble = f"{rank_label(dead)} died"
-        elif silent:
-            trouble = f"{rank_label(silent)} hung"
+            result, trouble = self._merge_crashed(check, got, exc), "the merge failed"
         return result, trouble
+
+    def _merged(self, check: Check, got: dict) -> CheckResult:
+        try:
+            return check.merge([got[r] for r in sorted(got)], self.world)
+        except Exception as exc:  # noqa: BLE001 - a crashing merge is a result too
+            return self._merge_crashed(check, got, exc)
+
+    @staticmethod
+    def _merge_crashed(check: Check, got: dict, exc: Exception) -> CheckResult:
+        return CheckResult(check.name, Status.CRASH, f"merging the ranks' results raised "
+                           f"{type(exc).__name__}: {exc}", finding="check-crashed",
+                           hint="report this to ddpdoctor with the JSON report",
+                           outcomes=tuple(got[r] for r in sorted(got)))
+
+    def _silent_outcome(self, r: int, stack: Optional[str], waited: float) -> Outcome:
+        place = where_hung(stack) if stack is not None else UNREACHABLE
+        return Outcome(r, Status.TIMEOUT, "did not finish: "
+                       + ("lost contact (no answer on the control channel)" if place == UNREACHABLE
+                          else f"in {place}"),
+                       hint="find why the other ranks did not reach the same call (a rank that skipped "
+                            "a collective, a crash, or a slow network); raise --timeout if it is just slow",
+                       finding="rank-hung", details=tuple((stack or "").splitlines()),
+                       data={"where": place}, duration=waited)
+
+    def _halt(self, ranks: Sequence[int]) -> None:
+        """Stop the ranks given up on (they would wait for the failed rank until the end): each
+        rank's supervisor obeys ``halt/<rank>``; this host's act at once."""
+        for r in ranks:
+            self.channel.put(f"halt/{r}", {})
+        if ranks:
+            self.supervisor.poll()
 
     def _stacks(self, ranks: Sequence[int]) -> dict[int, str]:
         for r in ranks:
             self.channel.put(f"stackreq/{r}", {"why": "deadline"})
         out: dict[int, str] = {}
-        deadline = time.monotonic() + 2.0
+        deadline = time.monotonic() + STACK_WAIT
         while len(out) < len(ranks) and time.monotonic() < deadline:
             self.supervisor.poll()
             for r in ranks:
@@ -224,39 +243,43 @@ class Coordinator:
             time.sleep(POLL)
         return out
 
+    def launcher_stopped(self, why: str, wait: float = 1.0) -> Optional[CheckResult]:
+        """The launcher is stopping every rank (``why``: SIGTERM) during a check: it usually does that
+        because one rank's process ended. The ranks that said their last words (``term/<rank>``) were
+        stopped; a rank with no result, no death report and no last words vanished first: the cause.
+        None when no rank vanished (an ordinary interruption)."""
+        if self.current is None or self.current_index < 0:
+            return None
+        i, name = self.current_index, self.current
+        ranks = sorted(self.hellos)
+        deadline = time.monotonic() + wait
+        said: dict[int, dict] = {}
+        while True:
+            for r in ranks:
+                if r not in said and r != 0 and self.channel.has(f"term/{r}"):
+                    said[r] = self.channel.get(f"term/{r}")
+            quiet = [r for r in ranks if r != 0 and r not in said and not self.channel.has(f"result/{i}/{r}")]
+            if not quiet or time.monotonic() >= deadline:
+                break
+            time.sleep(POLL)
+        vanished = [r for r in quiet if self._dead(r) is None]
+        if not vanished:
+            return None
+        stopped = sorted([0, *said])
+        places = sorted({w["where"] for w in said.values() if w.get("where")})
+        where = f"; they were in {', '.join(places)}" if places else ""
+        summary = (f"{rank_label(vanished)} vanished during '{name}' (the process ended without a result or last "
+                   f"words); the launcher then stopped {rank_label(stopped)} ({why}{where})")
+        outcomes = tuple(Outcome(r, Status.CRASH, "vanished (no result, no last words)", finding="rank-vanished")
+                         for r in vanished)
+        return CheckResult(name, Status.CRASH, summary, finding="rank-vanished", ranks=tuple(vanished),
+                           hint=f"read {rank_label(vanished)}'s own output and the launcher's summary above (exit "
+                                "code or signal: SIGKILL is often the OOM killer, check `dmesg | grep -i oom`)",
+                           outcomes=outcomes)
+
     def finish(self, exit_code: int) -> None:
         """Tell every supervisor the run is over and with which exit code."""
         self.channel.put("final", {"exit_code": int(exit_code)})
-
-
-def _trouble_result(check: Check, outcomes: Sequence[Outcome], silent: Sequence[int],
-                    dead: dict, world: WorldInfo) -> CheckResult:
-    """A check with hung or dead ranks: group the hung ranks by where they are, name the dead and
-    the unreachable (with their hosts: a lost link or node shows up as one host's ranks)."""
-    by_place: dict[str, list[int]] = {}
-    for o in outcomes:
-        if o.rank in silent:
-            by_place.setdefault(o.data.get("where", "?"), []).append(o.rank)
-    parts = [f"{rank_label(r)} died ({dead[r[0]]['signal'] or 'exit ' + str(dead[r[0]]['code'])})"
-             for r in ([d] for d in sorted(dead))]
-    lost = by_place.pop(UNREACHABLE, [])
-    parts += [f"{rank_label(ranks)} stuck in {place}" for place, ranks in sorted(by_place.items())]
-    if lost:
-        hosts = sorted({world.hosts.get(r, "?") for r in lost})
-        parts.append(f"{rank_label(lost)} on {', '.join(hosts)} lost contact (no answer on the control channel)")
-    finished = [o.rank for o in outcomes if o.rank not in silent and o.rank not in dead]
-    if finished:
-        parts.append(f"{rank_label(finished)} finished")
-    worst = max(o.status for o in outcomes)
-    first = next(o for o in outcomes if o.status == worst)
-    hint, finding = first.hint, first.finding
-    if lost and not dead:
-        hint = (f"check the network path to {', '.join(hosts)} (link, switch, firewall) and that node's health; "
-                "the other ranks are waiting for it")
-        finding = "rank-unreachable"
-    return CheckResult(check.name, worst, "; ".join(parts), hint=hint, finding=finding,
-                       ranks=tuple(sorted(list(silent) + list(dead))), outcomes=tuple(outcomes),
-                       duration=max(o.duration for o in outcomes))
 
 
 def interrupted_results(checks: Sequence[Check], done: Sequence[CheckResult], running: Optional[str],

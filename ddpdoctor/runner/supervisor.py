@@ -2,9 +2,10 @@
 
 Worker states (a small state machine)::
 
-    RUNNING --exit 0-->       SUCCEEDED
+    RUNNING --exit 0-->       SUCCEEDED   (reported as ``dead/<rank>`` too: a worker that ends by
+                                           itself before the run is over ended in the middle of it)
     RUNNING --exit n / signal--> FAILED   (reported as ``dead/<rank>`` on the control channel)
-    RUNNING --stop()-->       STOPPED     (SIGTERM, a grace period, then SIGKILL)
+    RUNNING --stop() or halt/<rank>--> STOPPED  (SIGTERM, a grace period, then SIGKILL; not reported)
 
 Workers are forked from this process (torch is already imported, CUDA never initialized here), so
 they start in milliseconds. Each one dies with its supervisor (PR_SET_PDEATHSIG), and :meth:`stop`
@@ -24,7 +25,9 @@ from ddpdoctor.runner.channel import Channel
 from ddpdoctor.runner.worker import STACK_SIGNAL, WorkerSpec, worker_main
 from ddpdoctor.system.signals import describe_exit
 
-__all__ = ["Supervisor", "Worker", "WorkerState", "tail"]
+__all__ = ["Supervisor", "Worker", "WorkerState", "tail", "HALT_GRACE"]
+
+HALT_GRACE = 0.5  # seconds a halted worker gets between SIGTERM and SIGKILL
 
 
 class WorkerState(enum.Enum):
@@ -58,6 +61,7 @@ class Supervisor:
     def __init__(self) -> None:
         self.workers: list[Worker] = []
         self.channel: Optional[Channel] = None
+        self.halting: dict[int, float] = {}  # rank -> when SIGTERM was sent (SIGKILL after HALT_GRACE)
 
     def start(self, specs: Sequence[WorkerSpec]) -> None:
         """Fork one worker per spec. Call before this process starts any thread or store server."""
@@ -74,9 +78,11 @@ class Supervisor:
         return next((w for w in self.workers if w.rank == rank), None)
 
     def poll(self) -> None:
-        """Reap exited workers (publishing ``dead/<rank>``) and answer stack requests."""
+        """Reap exited workers (publishing ``dead/<rank>``), answer stack requests, obey halts."""
         for w in self._reap():
-            if w.state is WorkerState.FAILED and self.channel is not None:
+            if w.rank in self.halting:
+                w.state = WorkerState.STOPPED
+            elif self.channel is not None:
                 info = describe_exit(w.wait_status or 0, w.pid)
                 info["log"] = tail(w.spec.log_path)
                 self.channel.put(f"dead/{w.rank}", info)
@@ -87,6 +93,24 @@ class Supervisor:
                     self.channel.take(f"stackreq/{w.rank}")
                 for rank, text in self.dump_stacks([w.rank for w in wanted]).items():
                     self.channel.put(f"stack/{rank}", {"stack": text})
+            for w in self.running():
+                if w.rank not in self.halting and self.channel.has(f"halt/{w.rank}"):
+                    self.halt(w.rank)
+        self._escalate()
+
+    def halt(self, rank: int) -> None:
+        """Stop one worker without waiting (SIGTERM now, SIGKILL from a later :meth:`poll`): the
+        coordinator gave up on it (it was left waiting for a rank that failed)."""
+        w = self.worker(rank)
+        if w is not None and w.state is WorkerState.RUNNING and rank not in self.halting:
+            self.halting[rank] = time.monotonic()
+            _signal(w.pid, signal.SIGTERM)
+
+    def _escalate(self) -> None:
+        now = time.monotonic()
+        for w in self.running():
+            if w.rank in self.halting and now - self.halting[w.rank] > HALT_GRACE:
+                _signal(w.pid, signal.SIGKILL)
 
     def dump_stacks(self, ranks: Sequence[int], wait: float = 1.0) -> dict[int, str]:
         """Each running worker's Python stacks (faulthandler on SIGUSR1); "" when it did not answer."""

@@ -23,7 +23,7 @@ from ddpdoctor.check import Check, RankContext
 from ddpdoctor.result import Outcome, Status
 from ddpdoctor.runner.channel import Channel, ChannelLost, connect_store
 
-__all__ = ["WorkerSpec", "worker_main", "run_guarded", "set_parent_death_signal"]
+__all__ = ["WorkerSpec", "worker_main", "run_guarded", "raised_at", "set_parent_death_signal", "EXIT_HINT"]
 
 STACK_SIGNAL = signal.SIGUSR1
 _PR_SET_PDEATHSIG = 1
@@ -65,20 +65,66 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
 
 
 def run_guarded(check: Check, ctx: RankContext) -> Outcome:
-    """Run one check on this rank; an exception becomes a CRASH outcome with its traceback."""
+    """Run one check on this rank; an exception (or ``sys.exit``) becomes a CRASH outcome with its
+    traceback and, in ``data``, the exception's type, message and where it was raised (file:line)."""
     start = time.perf_counter()
     try:
         outcome = check.run(ctx)
+    except SystemExit as exc:  # sys.exit in the check or in code it called: the rank would have ended
+        outcome = _exit_outcome(ctx, exc, check.name)
     except Exception as exc:  # noqa: BLE001 - a crashing check is a result, not a traceback
         lines = traceback.format_exc().rstrip().splitlines()
+        first = str(exc).splitlines()[0] if str(exc).strip() else ""
+        where = raised_at(exc)
         outcome = Outcome(
-            ctx.rank, Status.CRASH, f"check raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": "),
+            ctx.rank, Status.CRASH, f"check raised {type(exc).__name__}: {first}".rstrip(": ")
+            + (f" ({where})" if where else ""),
             hint="rerun with -v for the traceback; if the check itself is wrong, report it to ddpdoctor",
             finding="check-crashed", details=tuple(lines[-25:]),
+            data={"exception": type(exc).__name__, "message": first, "where": where},
         )
     duration = time.perf_counter() - start
     return Outcome(ctx.rank, outcome.status, outcome.summary, outcome.hint, outcome.finding,
                    outcome.details, outcome.data, duration)
+
+
+def _exit_outcome(ctx: RankContext, exc: SystemExit, check: str) -> Outcome:
+    code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    where = raised_at(exc)
+    return Outcome(
+        ctx.rank, Status.CRASH, f"called sys.exit({exc.code!r})" + (f" ({where})" if where else "")
+        + f" during '{check}'",
+        hint=EXIT_HINT, finding="rank-exited", details=tuple(traceback.format_exc().rstrip().splitlines()[-25:]),
+        data={"exit_code": code, "where": where},
+    )
+
+
+EXIT_HINT = ("a rank that ends in the middle of a check (os._exit or sys.exit in user or library code, even "
+             "with code 0) leaves the others waiting: find the call in the rank's log (-v) and raise an "
+             "exception instead")
+
+
+def raised_at(exc: BaseException) -> str:
+    """Where ``exc`` was raised: ``dir/file.py:88`` of the innermost frame and, when that is library
+    code, the innermost frame of the code that called it (``cuda/__init__.py:567, called from
+    process_group (ddpdoctor/check.py:157)``); "" without a traceback."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    inner = frames[-1]
+    text = f"{_short(inner.filename)}:{inner.lineno}"
+    if any(p in inner.filename for p in _LIBRARY):
+        caller = next((f for f in reversed(frames) if not any(p in f.filename for p in _LIBRARY)), None)
+        if caller is not None:
+            text += f", called from {caller.name} ({_short(caller.filename)}:{caller.lineno})"
+    return text
+
+
+_LIBRARY = ("/torch/", "/site-packages/", "/dist-packages/", "/lib/python3")
+
+
+def _short(path: str) -> str:
+    return "/".join(path.split("/")[-2:])
 
 
 def _prepare(spec: WorkerSpec) -> Any:

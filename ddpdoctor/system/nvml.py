@@ -89,6 +89,17 @@ class Nvml:
             return 0
         return self._call(self._nvml.nvmlDeviceGetCount) or 0
 
+    def compute_capability(self, index: int) -> Optional[tuple]:
+        """(major, minor) of GPU ``index``, or None when NVML cannot say."""
+        if not self.available:
+            return None
+        try:
+            handle = self._nvml.nvmlDeviceGetHandleByIndex(index)
+        except Exception:
+            return None
+        cc = self._call(self._nvml.nvmlDeviceGetCudaComputeCapability, handle)
+        return (int(cc[0]), int(cc[1])) if cc is not None else None
+
     def gpus(self, with_processes: bool = False) -> list[GpuInfo]:
         """Every GPU, each field read on its own so that one failure costs one field."""
         return [self.gpu(i, with_processes) for i in range(self.device_count())]

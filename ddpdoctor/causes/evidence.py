@@ -1,0 +1,339 @@
+"""Read the evidence around the matched lines: counts, settings and versions the job printed.
+
+The matcher finds causes line by line; this pass reads the whole log once more for the facts that
+decide between causes or refine one:
+
+- counts: processes per node (``--nproc-per-node``) against the GPUs the job could see
+  (``CUDA_VISIBLE_DEVICES``), Lightning's ``MEMBER: k/N`` lines, the store barrier's
+  ``world_size``/``worker_count``;
+- settings already on: ``find_unused_parameters=True`` in the log means that advice was taken;
+- versions and names: the GPU's ``sm_XX`` against the build's list, the NCCL wheels ``pip list``
+  printed, the interface named in ``*_SOCKET_IFNAME``, Windows paths;
+- what a timeout waited for: a long task's progress line on one rank (tokenizing, loading weights);
+- which reading of NCCL's "remote process exited or there was a network error" the log supports.
+
+A specific cause found in the same log makes the generic one that reports the same failure
+redundant (``nccl-system-error`` next to ``shm-too-small``); the generic is then dropped, so that
+``explain`` never states two causes for one failure. When the log does not decide between two
+causes, both are said, with how to tell them apart.
+
+Linear in the log: one pass over the lines, each cut at 4 KB, with simple patterns.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+__all__ = ["DERIVED", "Evidence", "gather", "refine"]
+
+# Causes with no line pattern of their own: only this pass finds them, from the evidence around another match.
+DERIVED = ("slow-rank-timeout", "ddp-unused-already-on", "syncbn-single-process")
+
+MAX_LINE = 4096
+
+_NPROC = re.compile(r"--nproc[-_]per[-_]node[= ](\d+)")
+_VISIBLE = re.compile(r"CUDA_VISIBLE_DEVICES=([0-9][0-9,]*)")
+_FIND_UNUSED_ON = re.compile(r"find_unused_parameters\s*=\s*True")
+_SYNCBN_FRAME = re.compile(r"batchnorm\.py\", line \d+, in forward|sync_bn|SyncBatchNorm|SyncBN")
+_ERRNO13 = re.compile(r"\[Errno 13\] Permission denied")
+_SEMLOCK = re.compile(r"SemLock|multiprocessing/synchronize\.py")
+_LONG_TASK = re.compile(r"Running tokenizer|Tokeniz|Loading checkpoint shards|Loading safetensors|Load weight|"
+                        r"Saving checkpoint|Validat|Evaluat|Preprocess|Caching|Filter|Map\b")
+_ELAPSED = re.compile(r"\[(?:(\d+):)?(\d+):(\d\d)<")
+_TIMEOUT_MS = re.compile(r"Timeout\(ms\)=(\d+)")
+_SIGNAL = re.compile(r"Signal \d+ \((SIG[A-Z0-9]+)\) received|\((SIG(?:SEGV|ABRT|BUS|KILL|ILL|FPE))\)")
+_NET_LAST = re.compile(r"NET/IB|Connection reset by peer|Broken pipe|ibv_|NET/OFI")
+_IFNAME = re.compile(r"(NCCL|GLOO)_SOCKET_IFNAME(?: set by environment to |=)(\S+)")
+_NO_ADDR = re.compile(r"Unable to find address for: (\S+)")
+_SLURM = re.compile(r"^srun: |slurmstepd|SLURM_|#SBATCH")
+_MEMBER = re.compile(r"GLOBAL_RANK: (\d+), MEMBER: \d+/(\d+)")
+_HANG_END = re.compile(r"DUE TO TIME LIMIT|timed out|Timed out|Watchdog caught")
+_STORE_BARRIER = re.compile(r"world_size=(\d+), worker_count=(\d+)")
+_ARCH = re.compile(r"with CUDA capability (sm_\d+)")
+_ARCH_LIST = re.compile(r"supports CUDA capabilities ((?:sm_\d+ ?|compute_\d+ ?)+)")
+_OLD_GPU = re.compile(r"which is of cuda capability (\d+\.\d+)")
+_PIP_NCCL = re.compile(r"nvidia-nccl-(cu\d+)\s+(\d[\w.]*)")
+_LD_NCCL = re.compile(r"LD_LIBRARY_PATH.*nccl|/nccl-?[\d.]+/lib")
+_WINDOWS = re.compile(r"[A-Z]:\\\\|[A-Z]:\\[A-Za-z]|\.exe\b|Windows")
+_LR_PASSED = re.compile(r"unrecognized arguments: (--local[-_]rank)")
+_LR_DECLARED = re.compile(r"\[(--local[-_]rank) ")
+_MEM_LINE = re.compile(r"CPU Virtual Memory:.*percent = (\d+(?:\.\d+)?)%")
+
+
+@dataclass
+class Evidence:
+    """The facts one pass over the log found (``None``/empty when the log does not say)."""
+
+    nproc: Optional[int] = None
+    visible_gpus: Optional[int] = None
+    find_unused_on: str = ""
+    syncbn: bool = False
+    errno13: str = ""
+    semlock: bool = False
+    long_task: str = ""
+    long_task_s: int = 0
+    timeout_ms: Optional[int] = None
+    crash_signals: list = field(default_factory=list)
+    net_last_error: str = ""
+    ifnames: list = field(default_factory=list)
+    slurm: bool = False
+    members: set = field(default_factory=set)
+    member_world: Optional[int] = None
+    hang_end: bool = False
+    barrier_counts: Optional[tuple] = None
+    gpu_arch: str = ""
+    build_archs: str = ""
+    old_gpu_cc: str = ""
+    pip_nccl: list = field(default_factory=list)
+    ld_nccl: bool = False
+    windows: bool = False
+    lr_passed: str = ""
+    lr_declared: str = ""
+    host_mem_pct: Optional[float] = None
+
+
+def gather(lines: Sequence[str]) -> Evidence:
+    """One pass over the lines (each cut at 4 KB)."""
+    ev = Evidence()
+    for raw in lines:
+        line = raw[:MAX_LINE]
+        if "--nproc" in line:
+            m = _NPROC.search(line)
+            if m:
+                ev.nproc = int(m.group(1))
+        if "CUDA_VISIBLE_DEVICES=" in line:
+            m = _VISIBLE.search(line)
+            if m:
+                ev.visible_gpus = len([d for d in m.group(1).split(",") if d])
+        if ("find_unused_parameters" in line and "keyword argument" not in line
+                and "`find_unused" not in line and _FIND_UNUSED_ON.search(line)):
+            ev.find_unused_on = ev.find_unused_on or line.strip()[:200]
+        if not ev.syncbn and _SYNCBN_FRAME.search(line):
+            ev.syncbn = True
+        if not ev.errno13 and _ERRNO13.search(line):
+            ev.errno13 = line.strip()[:200]
+        if not ev.semlock and _SEMLOCK.search(line):
+            ev.semlock = True
+        if "<" in line and _LONG_TASK.search(line):
+            m = _ELAPSED.search(line)  # a progress bar's elapsed time: [29:55<4:48:08
+            secs = (int(m.group(1) or 0) * 3600 + int(m.group(2)) * 60 + int(m.group(3))) if m else 0
+            if secs > ev.long_task_s:
+                ev.long_task, ev.long_task_s = line.strip()[:200], secs
+        if "Timeout(ms)=" in line and ev.timeout_ms is None:
+            m = _TIMEOUT_MS.search(line)
+            if m:
+                ev.timeout_ms = int(m.group(1))
+        if "SIG" in line:
+            m = _SIGNAL.search(line)
+            if m:
+                sig = m.group(1) or m.group(2)
+                if sig not in ("SIGTERM", "SIGINT", "SIGHUP") and sig not in ev.crash_signals:
+                    ev.crash_signals.append(sig)
+        if not ev.net_last_error and _NET_LAST.search(line):
+            ev.net_last_error = line.strip()[:200]
+        if "SOCKET_IFNAME" in line:
+            m = _IFNAME.search(line)
+            if m and (m.group(1), m.group(2)) not in ev.ifnames:
+                ev.ifnames.append((m.group(1), m.group(2)))
+        if "Unable to find address for" in line:
+            m = _NO_ADDR.search(line)
+            if m and not any(v == m.group(1) for _, v in ev.ifnames):
+                ev.ifnames.append(("lookup", m.group(1)))  # an interface name, or a host name gloo looked up
+        if not ev.slurm and _SLURM.search(line):
+            ev.slurm = True
+        if "MEMBER:" in line:
+            m = _MEMBER.search(line)
+            if m:
+                ev.members.add(int(m.group(1)))
+                ev.member_world = int(m.group(2))
+        if not ev.hang_end and _HANG_END.search(line):
+            ev.hang_end = True
+        if "worker_count=" in line:
+            m = _STORE_BARRIER.search(line)
+            if m:
+                ev.barrier_counts = (int(m.group(1)), int(m.group(2)))
+        if "CUDA capabilit" in line or "cuda capability" in line:
+            for rx, attr in ((_ARCH, "gpu_arch"), (_ARCH_LIST, "build_archs"), (_OLD_GPU, "old_gpu_cc")):
+                m = rx.search(line)
+                if m and not getattr(ev, attr):
+                    setattr(ev, attr, m.group(1).strip())
+        if "nvidia-nccl-" in line:
+            m = _PIP_NCCL.search(line)
+            if m and m.groups() not in ev.pip_nccl:
+                ev.pip_nccl.append(m.groups())
+        if not ev.ld_nccl and "nccl" in line and _LD_NCCL.search(line):
+            ev.ld_nccl = True
+        if not ev.windows and _WINDOWS.search(line):
+            ev.windows = True
+        if "--local" in line:
+            m = _LR_PASSED.search(line)
+            if m:
+                ev.lr_passed = m.group(1)
+            m = _LR_DECLARED.search(line)
+            if m:
+                ev.lr_declared = m.group(1)
+        if "CPU Virtual Memory" in line:
+            m = _MEM_LINE.search(line)
+            if m:
+                ev.host_mem_pct = float(m.group(1))
+    return ev
+
+
+# A specific cause explains the lines the generic one matched: the generic is dropped when both are found.
+SUBSUMED_BY = {
+    "nccl-system-error": ("shm-too-small", "nccl-wrong-interface", "nccl-ib-network", "socket-ifname-missing",
+                          "nccl-remote-error"),
+    "rendezvous-unreachable": ("master-host-unresolved", "nccl-wrong-interface", "slurm-tasks-mismatch"),
+    "peer-closed": ("nccl-remote-error", "nccl-ib-network", "nccl-wrong-interface"),
+    "store-timeout": ("slow-rank-timeout",),
+    "nccl-watchdog-timeout": ("slow-rank-timeout",),
+    "no-default-process-group": ("syncbn-single-process",),
+    "ddp-unused-parameters": ("ddp-unused-already-on",),
+    "duplicate-gpu": ("more-ranks-than-gpus",),
+}
+# killed-by-signal is redundant only next to the cause its signal stands for.
+_SIGNAL_OWNER = {"SIGKILL": "host-oom", "SIGBUS": "shm-too-small"}
+
+
+def _fmt_secs(secs: int) -> str:
+    return f"{secs // 60} min {secs % 60:02d} s" if secs >= 60 else f"{secs} s"
+
+
+def refine(lines: Sequence[str], found: dict, by_id: dict, make: Callable) -> Evidence:
+    """Adjust ``found`` (cause id -> Match) with the log's evidence; return the evidence read.
+
+    ``by_id``: the causes in play (id -> Cause); ``make(cause)``: a new, empty Match.
+    """
+    ev = gather(lines)
+
+    def add(cid: str, evidence: str = "", like: Optional[str] = None):
+        if cid not in by_id:
+            return None
+        m = found.get(cid)
+        if m is None:
+            m = found[cid] = make(by_id[cid])
+            if like and like in found:
+                m.ranks |= found[like].ranks
+                m.count = found[like].count
+                m.evidence = found[like].evidence
+        if evidence and not m.evidence:
+            m.evidence = evidence[:240]
+        m.count = max(m.count, 1)
+        return m
+
+    def note(cid: str, text: str) -> None:
+        if cid in found and text and text not in found[cid].extra:
+            found[cid].extra = f"{found[cid].extra} {text}".strip()
+
+    # Settings already present: find_unused_parameters=True is on, so that advice cannot be the fix.
+    if "ddp-unused-parameters" in found and ev.find_unused_on and add("ddp-unused-already-on", like="ddp-unused-parameters"):
+        note("ddp-unused-already-on", f"The log shows it on: '{ev.find_unused_on}'.")
+
+    # SyncBatchNorm in the traceback of "no default process group".
+    if "no-default-process-group" in found and ev.syncbn:
+        add("syncbn-single-process", like="no-default-process-group")
+
+    # Errno 13 while creating a multiprocessing lock: /dev/shm permission.
+    if ev.errno13 and ev.semlock:
+        add("shm-permission", ev.errno13)
+
+    # A timeout while one rank's long task was still running.
+    timed_out = [c for c in ("nccl-watchdog-timeout", "store-timeout") if c in found]
+    # Long: at least half the timeout when the log gives it, else five minutes; a short validation pass
+    # next to a real hang is not the cause.
+    long_enough = ev.long_task_s >= (ev.timeout_ms // 2000 if ev.timeout_ms else 300)
+    if timed_out and ev.long_task and long_enough:
+        limit = f" (the timeout was {ev.timeout_ms // 1000} s)" if ev.timeout_ms else ""
+        if add("slow-rank-timeout", ev.long_task, like=timed_out[0]):
+            took = f" after {_fmt_secs(ev.long_task_s)}" if ev.long_task_s else ""
+            note("slow-rank-timeout", f"In this log a rank was still at '{ev.long_task[:90]}'{took} when the "
+                                      f"others timed out{limit}.")
+
+    # Counts: more processes than visible GPUs decides between the two readings of a shared GPU.
+    too_many = ev.nproc is not None and ev.visible_gpus is not None and ev.nproc > ev.visible_gpus
+    counts = (f"The log starts {ev.nproc} processes per node with {ev.visible_gpus} visible GPU"
+              f"{'s' if ev.visible_gpus != 1 else ''} (CUDA_VISIBLE_DEVICES).") if too_many else ""
+    if "duplicate-gpu" in found and too_many:
+        add("more-ranks-than-gpus", like="duplicate-gpu")
+        note("more-ranks-than-gpus", counts)
+    elif "duplicate-gpu" in found and ev.nproc is not None and ev.visible_gpus is not None:
+        note("duplicate-gpu", f"The log starts {ev.nproc} processes per node with {ev.visible_gpus} visible GPUs, "
+                              "enough for one each: the ranks did not pick their own.")
+    elif "duplicate-gpu" in found:
+        note("duplicate-gpu", "If the node has fewer GPUs than processes, it is that instead: compare "
+                              "--nproc-per-node with nvidia-smi -L (the log does not show both counts).")
+    if "more-ranks-than-gpus" in found:
+        if counts:
+            note("more-ranks-than-gpus", counts)
+        elif ev.nproc is not None:
+            note("more-ranks-than-gpus", f"The log starts {ev.nproc} processes per node.")
+
+    # Slurm: fewer ranks joined than the world the trainer expects.
+    if ev.slurm and "slurm-tasks-mismatch" in by_id:
+        short = ev.barrier_counts and ev.barrier_counts[1] < ev.barrier_counts[0]
+        members_short = (ev.member_world is not None and len(ev.members) < ev.member_world and ev.hang_end)
+        if short or members_short:
+            add("slurm-tasks-mismatch", "", like="rendezvous-unreachable" if short else None)
+            if short:
+                note("slurm-tasks-mismatch", f"{ev.barrier_counts[1]} of {ev.barrier_counts[0]} ranks joined.")
+            else:
+                note("slurm-tasks-mismatch", f"Only {len(ev.members)} of {ev.member_world} ranks started "
+                                             f"(Lightning's MEMBER lines) before the job hung.")
+            if not found["slurm-tasks-mismatch"].evidence:
+                found["slurm-tasks-mismatch"].evidence = next(
+                    (ln.strip()[:240] for ln in lines if "MEMBER:" in ln[:MAX_LINE]), "")
+
+    # NCCL remote error: which reading does this log support?
+    if "nccl-remote-error" in found:
+        crashed = [s for s in ev.crash_signals if s != "SIGABRT"]
+        if crashed:
+            note("nccl-remote-error", f"This log supports reading (1): a rank died by {crashed[0]} first.")
+        elif ev.net_last_error:
+            note("nccl-remote-error", f"No rank died first in this log and the last error is a network one "
+                                      f"('{ev.net_last_error[:100]}'): reading (2).")
+        else:
+            note("nccl-remote-error", "This log shows neither a crashed rank nor a network error: check both.")
+
+    # Names and versions the job printed.
+    if "socket-ifname-missing" in found and ev.ifnames:
+        names = ", ".join(v if k == "lookup" else f"{k}_SOCKET_IFNAME={v}" for k, v in ev.ifnames)
+        note("socket-ifname-missing", f"The log names: {names}.")
+        if any(k in ("GLOO", "lookup") and v.startswith("^") for k, v in ev.ifnames):
+            note("socket-ifname-missing", "GLOO_SOCKET_IFNAME was given an ^exclusion list; gloo takes one interface name.")
+    if "cuda-arch-unsupported" in found:
+        if ev.gpu_arch:
+            note("cuda-arch-unsupported", f"The GPU is {ev.gpu_arch}" + (f"; this build has {ev.build_archs}." if ev.build_archs else "."))
+        elif ev.old_gpu_cc:
+            note("cuda-arch-unsupported", f"The GPU has compute capability {ev.old_gpu_cc}, below this build's minimum.")
+    if "nccl-library-mismatch" in found:
+        if len(ev.pip_nccl) > 1:
+            note("nccl-library-mismatch", "The log lists several NCCL wheels: "
+                 + ", ".join(f"nvidia-nccl-{k} {v}" for k, v in ev.pip_nccl) + ".")
+        elif ev.pip_nccl:
+            note("nccl-library-mismatch", f"The log shows nvidia-nccl-{ev.pip_nccl[0][0]} {ev.pip_nccl[0][1]}.")
+        if ev.ld_nccl:
+            note("nccl-library-mismatch", "LD_LIBRARY_PATH in the log points at another NCCL.")
+    if "nccl-not-built" in found and ev.windows:
+        note("nccl-not-built", "This log comes from Windows.")
+    if "launcher-local-rank-arg" in found and ev.lr_passed:
+        declared = f"; the script declares {ev.lr_declared}" if ev.lr_declared and ev.lr_declared != ev.lr_passed else ""
+        note("launcher-local-rank-arg", f"The launcher passed {ev.lr_passed}{declared}.")
+    # SIGKILL alone is said as a signal (its hint names the OOM killer); memory evidence makes it host-oom.
+    if ("killed-by-signal" in found and found["killed-by-signal"].extra.startswith("SIGKILL")
+            and ev.host_mem_pct is not None and ev.host_mem_pct >= 85):
+        add("host-oom", like="killed-by-signal")
+    if "host-oom" in found and ev.host_mem_pct is not None:
+        note("host-oom", f"The job printed host memory at {ev.host_mem_pct:g}% used.")
+
+    # Drop the generic cause where a specific one explains the same failure.
+    for generic, specifics in SUBSUMED_BY.items():
+        if generic in found and any(s in found for s in specifics):
+            del found[generic]
+    if "killed-by-signal" in found:
+        sig = found["killed-by-signal"].extra.split(".")[0]
+        owner = _SIGNAL_OWNER.get(sig)
+        if owner and owner in found:
+            del found["killed-by-signal"]
+    return ev

@@ -1,0 +1,99 @@
+"""The evidence pass of ``explain``: counts, settings already on, readings, generic vs specific.
+
+Texts are the libraries' message texts (see tests/explain_corpus for whole logs and their sources).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ddpdoctor.causes.catalogue import CAUSES
+from ddpdoctor.causes.matcher import explain_text
+
+pytestmark = pytest.mark.timeout(30)
+
+WATCHDOG = ("[rank1]:[E0204 10:31:02.118273612 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective "
+            "operation timeout: WorkNCCL(SeqNum=2, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) "
+            "ran for 1800328 milliseconds before timing out.")
+DUP = "[rank1]: Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000"
+UNUSED = ("[rank0]: RuntimeError: Expected to have finished reduction in the prior iteration before starting a new "
+          "one. This error indicates that your module has parameters that were not used in producing loss. You can "
+          "enable unused parameter detection by passing the keyword argument `find_unused_parameters=True` to "
+          "`torch.nn.parallel.DistributedDataParallel`, and by ")
+REMOTE = ("[rank1]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1691, remote process "
+          "exited or there was a network error, NCCL version 2.21.5")
+
+
+def found(text, causes=CAUSES):
+    return {m.cause.id: m for m in explain_text(text, causes)}
+
+
+def test_a_long_task_before_the_timeout_is_the_cause_a_short_one_is_not():
+    long_task = "Running tokenizer on dataset:   9%|8  | 280000/2969526 [29:55<4:48:08, 155.57 examples/s]"
+    short = "Validation DataLoader 0: 100%|##########| 50/50 [00:05<00:00,  9.1it/s]"
+    m = found(long_task + "\n" + WATCHDOG)
+    assert list(m) == ["slow-rank-timeout"]
+    assert "29 min 55 s" in m["slow-rank-timeout"].meaning and "1800 s" in m["slow-rank-timeout"].meaning
+    assert "timeout=" in m["slow-rank-timeout"].fix and "before the distributed part" in m["slow-rank-timeout"].fix
+    assert list(found(short + "\n" + WATCHDOG)) == ["nccl-watchdog-timeout"]
+
+
+def test_counts_tell_too_many_ranks_from_a_missing_set_device():
+    m = found("+ CUDA_VISIBLE_DEVICES=0 torchrun --nproc_per_node=2 train.py\n" + DUP)
+    assert list(m) == ["more-ranks-than-gpus"] and "2 processes per node with 1 visible GPU" in m["more-ranks-than-gpus"].meaning
+    m = found("+ CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc_per_node=2 train.py\n" + DUP)
+    assert list(m) == ["duplicate-gpu"] and "enough for one each" in m["duplicate-gpu"].meaning
+    m = found(DUP)  # no counts: both readings, and how to tell them apart
+    assert list(m) == ["duplicate-gpu"] and "nvidia-smi -L" in m["duplicate-gpu"].meaning
+
+
+def test_advice_the_log_shows_was_taken_is_not_repeated():
+    m = found(UNUSED)  # the message's own `find_unused_parameters=True` is not the setting
+    assert list(m) == ["ddp-unused-parameters"] and "find_unused_parameters=True" in m["ddp-unused-parameters"].fix
+    m = found("model = DistributedDataParallel(model, device_ids=[0], find_unused_parameters=True)\n" + UNUSED)
+    assert list(m) == ["ddp-unused-already-on"]
+    assert "freeze" in m["ddp-unused-already-on"].fix and "find_unused_parameters=True" in m["ddp-unused-already-on"].meaning
+
+
+def test_nccl_remote_error_says_which_reading_the_log_supports():
+    crash = found(REMOTE + "\n  traceback : Signal 11 (SIGSEGV) received by PID 201544")
+    assert "reading (1)" in crash["nccl-remote-error"].meaning and "SIGSEGV" in crash["nccl-remote-error"].meaning
+    net = found(REMOTE + "\n[rank1]: Last error:\n[rank1]: socketProgressOpt: Call to recv from 10.0.0.2<33759> "
+                "failed : Connection reset by peer")
+    assert "reading (2)" in net["nccl-remote-error"].meaning and "peer-closed" not in net
+    neither = found(REMOTE)
+    assert "check both" in neither["nccl-remote-error"].meaning
+
+
+def test_generic_cause_gives_way_to_the_specific_one_and_sigkill_alone_stays_a_signal():
+    shm = found("[rank0]: torch.distributed.DistBackendError: NCCL error in: NCCLUtils.hpp:268, unhandled system "
+                "error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\n[rank0]: Last error:\n"
+                "[rank0]: Error while creating shared memory segment /dev/shm/nccl-1YsMbG (size 7340384)")
+    assert list(shm) == ["shm-too-small"]
+    kill = "  exitcode  : -9 (pid: 5343)\n  traceback : Signal 9 (SIGKILL) received by PID 5343"
+    assert list(found(kill)) == ["killed-by-signal"]
+    oom = found("[INFO] [utils.py:803:see_memory_usage] CPU Virtual Memory:  used = 487.01 GB, percent = 96.6%\n" + kill)
+    assert list(oom) == ["host-oom"] and "96.6% used" in oom["host-oom"].meaning
+
+
+def test_versions_and_names_the_job_printed():
+    arch = found("NVIDIA GeForce RTX 3080 with CUDA capability sm_86 is not compatible with the current PyTorch "
+                 "installation.\nThe current PyTorch install supports CUDA capabilities sm_37 sm_50 sm_60 sm_70.")
+    assert "The GPU is sm_86; this build has sm_37 sm_50 sm_60 sm_70." in arch["cuda-arch-unsupported"].meaning
+    nccl = found("nvidia-nccl-cu12   2.29.3\nnvidia-nccl-cu13   2.29.7\nImportError: libtorch_cuda.so: undefined "
+                 "symbol: ncclCommResume")
+    assert "nvidia-nccl-cu12 2.29.3, nvidia-nccl-cu13 2.29.7" in nccl["nccl-library-mismatch"].meaning
+    ifn = found("RuntimeError: [enforce fail at device.cc:84] ifa != nullptr. Unable to find address for: ^lo")
+    assert "one interface name" in ifn["socket-ifname-missing"].meaning
+
+
+def test_localhost_ipv6_lookups_are_noise_not_a_cause():
+    text = ("[W socket.cpp:601] [c10d] The IPv6 network addresses of (localhost, 51595) cannot be retrieved "
+            "(gai error: -2 - Name or service not known).")
+    assert found(text) == {}
+
+
+def test_evidence_adds_nothing_outside_the_causes_in_play():
+    original = [c for c in CAUSES if c.id in ("ddp-unused-parameters", "duplicate-gpu", "nccl-watchdog-timeout")]
+    text = "find_unused_parameters=True\n+ torchrun --nproc_per_node=4 x.py\n" + UNUSED + "\n" + DUP + "\n" + WATCHDOG
+    assert set(found(text, original)) == {"ddp-unused-parameters", "duplicate-gpu", "nccl-watchdog-timeout"}
