@@ -63,7 +63,6 @@ class LocateCheck(Check):
     on_request = True
 
     def run(self, ctx: RankContext) -> Outcome:
-        import torch.distributed as dist
 
         ctx.process_group()
         opts = dict(ctx.options.get("locate") or {})
