@@ -63,7 +63,6 @@ class LocateCheck(Check):
     on_request = True
 
     def run(self, ctx: RankContext) -> Outcome:
-
         ctx.process_group()
         opts = dict(ctx.options.get("locate") or {})
         size = int(opts.get("size", 4 << 20))
