@@ -21,8 +21,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import pickle
 import shutil
+import pickle
 import statistics
 import sys
 import tempfile

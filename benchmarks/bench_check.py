@@ -40,7 +40,8 @@ def main() -> None:
     worst_ok = True
     for n in args.ranks:
         floor_cmd = [sys.executable, os.path.join(HERE, "floor_world.py"), str(n)]
-        cmds = {s: [sys.executable, "-m", "ddpdoctor", "check", "--nproc", str(n), *SUBJECTS[s][0]]
+        cmds = {s: [sys.executable, "-m", "ddpdoctor", "check", "--backend", "gloo", "--nproc", str(n),
+                    *SUBJECTS[s][0]]  # the floor is gloo on CPU: like with like, on any machine
                 for s in args.subjects}
         floors: list[tuple[float, float]] = []
         times: dict[str, list[tuple[float, float]]] = {s: [] for s in args.subjects}

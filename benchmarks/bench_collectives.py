@@ -79,7 +79,7 @@ def accuracy(ranks: int, rounds: int) -> bool:
 
     os.environ["DDPDOCTOR_PLUGINS"] = "bench_collectives"
     try:
-        out = run_checks(RunOptions(nproc=ranks, only=["bench-vs-reference"], timeout=600,
+        out = run_checks(RunOptions(nproc=ranks, backend="gloo", only=["bench-vs-reference"], timeout=600,
                                     options={"rounds": rounds}))
     finally:
         del os.environ["DDPDOCTOR_PLUGINS"]
@@ -110,7 +110,7 @@ def accuracy(ranks: int, rounds: int) -> bool:
 
 
 def cost(ranks: int, repeat: int) -> bool:
-    base = [sys.executable, "-m", "ddpdoctor", "check", "--nproc", str(ranks), "--only"]
+    base = [sys.executable, "-m", "ddpdoctor", "check", "--backend", "gloo", "--nproc", str(ranks), "--only"]
     without, with_ = base + [BASE], base + [BASE + ",collectives"]
     timed(without), timed(with_)  # warm the page cache
     a, b = [], []

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -106,6 +107,7 @@ def main() -> int:
     while chunk := os.read(r, 1 << 16):
         report += chunk
     codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+    shutil.rmtree(tmp, ignore_errors=True)  # nothing left in /tmp
     print(f"torch {torch.__version__}, 2 CPU ranks (gloo), median of {args.repeat} interleaved runs")
     print(report.decode())
     if any(codes):

@@ -45,7 +45,8 @@ FOUNDATION = ["--only", "env,port,process-group"]
 def base_env() -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(
         ("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "SLURM_", "OMPI_", "PMI_", "TORCHELASTIC_", "DDPDOCTOR_"))}
-    env.update(NO_COLOR="1", PYTHONPATH=TESTS + os.pathsep + env.get("PYTHONPATH", ""), DDPD_FAULT_MATRIX=TAG)
+    env.update(NO_COLOR="1", PYTHONPATH=TESTS + os.pathsep + env.get("PYTHONPATH", ""), DDPD_FAULT_MATRIX=TAG,
+               CUDA_VISIBLE_DEVICES="")  # the faults are staged on CPU ranks (gloo), on a GPU machine too
     return env
 
 

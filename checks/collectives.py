@@ -222,10 +222,11 @@ class CollectivesCheck(Check):
         if fake:
             nodes = [r // int(fake) for r in range(n)]
         else:
-            hosts: list[Any] = [None] * n
+            from ddpdoctor.dist.gathering import gather_object  # torch's all_gather_object needs numpy
+
             self._seq += 1
             self._record(ctx, "all_gather_object(hostnames)", "world")
-            dist.all_gather_object(hosts, ctx.hostname)
+            hosts: list[Any] = gather_object(ctx.hostname)
             self._last = self._seq
             order = list(dict.fromkeys(hosts))
             nodes = [order.index(h) for h in hosts]

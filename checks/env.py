@@ -58,7 +58,8 @@ def _backends() -> dict[str, bool]:
     }
 
 
-def collect_environment(environ: Optional[Mapping[str, str]] = None, local_world_size: int = 1) -> dict[str, Any]:
+def collect_environment(environ: Optional[Mapping[str, str]] = None, local_world_size: int = 1,
+                        backend: Optional[str] = None) -> dict[str, Any]:
     """Everything the env check looks at, as JSON-able facts (no verdicts)."""
     env = os.environ if environ is None else environ
     vm = psutil.virtual_memory()
@@ -90,6 +91,8 @@ def collect_environment(environ: Optional[Mapping[str, str]] = None, local_world
         "shm_bytes": shm,
         "omp_num_threads": env.get("OMP_NUM_THREADS"),
         "local_world_size": local_world_size,
+        "backend": backend,
+        "visible_gpus": nvml.visible_gpus(gpu_view, dict(env)),
         "nvml": gpu_view.available,
         "nvml_reason": gpu_view.unavailable_reason,
         "driver": gpu_view.driver_version(),
@@ -176,6 +179,14 @@ def describe_environment(facts: Mapping[str, Any]) -> list[str]:
 def assess(facts: Mapping[str, Any]) -> Findings:
     """Turn facts into findings: what is wrong, why it matters, and the fix."""
     f = Findings()
+    lws, visible = max(1, int(facts["local_world_size"])), facts.get("visible_gpus")
+    if facts.get("backend") == "nccl" and visible is not None and lws > visible:
+        f.fail("too-few-gpus",
+               f"{lws} ranks on this node with NCCL, but {visible} GPU{'s' if visible != 1 else ''} visible "
+               f"(NCCL needs one GPU per rank; rank {visible} and up fail with 'invalid device ordinal')",
+               f"start at most {visible} rank{'s' if visible != 1 else ''} per node "
+               f"(torchrun --nproc-per-node {visible})" + (" or make more GPUs visible (CUDA_VISIBLE_DEVICES)"
+                                                              if visible else "") + ", or use the gloo backend")
     for problem in facts["launcher_problems"]:
         f.fail("bad-launcher-env", problem.split("; ")[0], problem.split("; ", 1)[-1])
     for conflict in facts["launcher_conflicts"]:
@@ -200,10 +211,14 @@ def assess(facts: Mapping[str, Any]) -> Findings:
         else:
             if usable and threads * lws > usable:
                 per_rank = max(1, usable // lws)
+                # The fix is never the current setting: with one thread per rank, only fewer ranks help.
+                fix = (f"export OMP_NUM_THREADS={per_rank}" if per_rank != threads else
+                       f"run at most {usable} ranks per node (e.g. torchrun --nproc-per-node {usable}), "
+                       f"or run where each rank has a core")
                 f.warn(
                     "omp-oversubscribed",
                     f"OMP_NUM_THREADS={threads} x {count(lws, 'rank')} per node = {count(threads * lws, 'thread')} on {count(usable, 'core')}",
-                    f"export OMP_NUM_THREADS={per_rank}",
+                    fix,
                 )
     interfaces = facts.get("interfaces", {})
     for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
@@ -243,7 +258,7 @@ class EnvCheck(Check):
     description = "Python/torch/CUDA/NCCL versions, backends, CPUs, memory, GPUs, /dev/shm, launcher variables"
 
     def run(self, ctx: RankContext) -> Outcome:
-        facts = collect_environment(local_world_size=ctx.local_world_size)
+        facts = collect_environment(local_world_size=ctx.local_world_size, backend=ctx.backend)
         v = facts["versions"]
         ok = (
             f"python {v['python']}, torch {v['torch']}, CUDA {_na(v['cuda'])}, NCCL {_na(v['nccl'])}; "

@@ -63,16 +63,15 @@ class LocateCheck(Check):
     on_request = True
 
     def run(self, ctx: RankContext) -> Outcome:
-        import torch.distributed as dist
-
         ctx.process_group()
         opts = dict(ctx.options.get("locate") or {})
         size = int(opts.get("size", 4 << 20))
         iters = int(opts.get("iters", 5))
         round_timeout = float(opts.get("round_timeout", max(2.0, min(10.0, ctx.timeout / 4))))
         judge = Judge(min_busbw=opts.get("min_busbw"), drop=float(opts.get("tolerance", 0.3)))
-        hosts: list = [None] * ctx.world_size
-        dist.all_gather_object(hosts, ctx.hostname)
+        from ddpdoctor.dist.gathering import gather_object  # torch's all_gather_object needs numpy
+
+        hosts: list = gather_object(ctx.hostname)
         names = sorted(set(hosts))
         ranks = {n: [r for r in range(ctx.world_size) if hosts[r] == h] for n, h in enumerate(names)}
         node = names.index(ctx.hostname)

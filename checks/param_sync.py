@@ -103,11 +103,12 @@ class ParamSyncCheck(ModelCheck):
 
         if unused:
             shown = ", ".join(unused[:8]) + (f" and {len(unused) - 8} more" if len(unused) > 8 else "")
-            return ctx.warned(
+            return ctx.failed(
                 f"{count(len(unused), 'parameter')} get{'s' if len(unused) == 1 else ''} no gradient: {shown}",
-                hint="remove or freeze (requires_grad_(False)) the unused parameters, or pass "
-                     "find_unused_parameters=True to DistributedDataParallel; otherwise DDP fails "
-                     "with 'Expected to have finished reduction in the prior iteration'",
+                hint="DDP fails on them with 'Expected to have finished reduction in the prior iteration': "
+                     "stop creating the unused module(s) or freeze them (requires_grad_(False)) before "
+                     "wrapping; or pass find_unused_parameters=True to DistributedDataParallel, which costs "
+                     "a walk of the autograd graph after every forward",
                 finding="unused-parameters", details=details, data=data)
         if caught:
             n = len(caught.mismatches)

@@ -32,6 +32,7 @@ class WorldInfo:
         hosts: rank -> hostname for every rank that arrived.
         arrived: ranks that connected to the control channel.
         options: check options from the command line (``--model`` and friends).
+        purpose: what this world is for, when a run uses several (``the multi-rank checks on CPU``).
     """
 
     world_size: int
@@ -42,6 +43,7 @@ class WorldInfo:
     hosts: Mapping[int, str] = field(default_factory=dict)
     arrived: tuple[int, ...] = ()
     options: Mapping[str, Any] = field(default_factory=dict)
+    purpose: str = ""
 
     @property
     def nodes(self) -> int:
@@ -57,6 +59,7 @@ class WorldInfo:
             "gpus_per_node": self.gpus,
             "hosts": {str(r): h for r, h in sorted(self.hosts.items())},
             "arrived": list(self.arrived),
+            "purpose": self.purpose or None,
         }
 
 

@@ -442,6 +442,10 @@ def main(pending: Sequence[int] = ()) -> None:
     (``check`` prints a report of what ran), a second one exits at once (130), never with a traceback.
     ``pending``: signals that arrived while the command started; acted on as soon as it can stop cleanly.
     """
+    import warnings
+
+    # A CPU torch wheel does not install numpy and says so on import; ddpdoctor never needs numpy.
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     install_interrupt_handlers()
     if pending:
         note_pending(pending[0])

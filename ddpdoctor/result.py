@@ -121,6 +121,8 @@ class CheckResult:
     outcomes: tuple[Outcome, ...] = ()
     details: tuple[str, ...] = ()
     duration: float = 0.0
+    #: the world it ran in ({"world_size", "backend", "device"}), when a run used several worlds
+    world: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -133,6 +135,7 @@ class CheckResult:
             "details": list(self.details),
             "duration": round(self.duration, 4),
             "outcomes": [o.to_dict() for o in self.outcomes],
+            "world": dict(self.world) or None,
         }
 
     @classmethod
@@ -147,6 +150,7 @@ class CheckResult:
             details=tuple(d.get("details", ())),
             duration=float(d.get("duration", 0.0)),
             outcomes=tuple(Outcome.from_dict(o) for o in d.get("outcomes", ())),
+            world=dict(d.get("world") or {}),
         )
 
 

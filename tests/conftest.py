@@ -13,6 +13,12 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
+# Tests pin the device they mean: every test runs on CPU (gloo, no visible GPU) in this process and in
+# every rank and CLI run it starts, so a GPU machine runs the same suite; `gpu`-marked tests hand the
+# machine's own CUDA_VISIBLE_DEVICES back to the processes they start (gpu_support.gpu_env()).
+ORIGINAL_CUDA_VISIBLE_DEVICES = os.environ.get("CUDA_VISIBLE_DEVICES")
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
 
 def _listening(pid: int) -> set:
     try:
@@ -60,3 +66,45 @@ def clean_launcher_env(monkeypatch):
                          "PMI_", "TORCHELASTIC_", "GROUP_RANK", "DDPDOCTOR_", "FAULT_")):
             monkeypatch.delenv(k)
     return monkeypatch
+
+
+# --- Nothing left in /tmp --------------------------------------------------------------------------
+# The suite runs with a private temporary directory (TMPDIR and tempfile.tempdir, inherited by every
+# rank, CLI run and network-namespace host it starts), so what is left there is this suite's own even
+# while other suites share /tmp; at the end, anything left there besides pytest's tmp_path folders
+# fails the session, and the directory is removed.
+_SESSION_TMP: dict = {}
+
+
+def pytest_sessionstart(session):
+    import tempfile
+
+    base = tempfile.mkdtemp(prefix="ddpdoctor-suite-")
+    _SESSION_TMP.update(base=base, old_tmpdir=os.environ.get("TMPDIR"))
+    os.environ["TMPDIR"] = base
+    tempfile.tempdir = base
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import shutil
+    import tempfile
+
+    base = _SESSION_TMP.pop("base", None)
+    if base is None:
+        return
+    # pytest's own tmp_path folders, and torch's per-user compile cache (one fixed name, reused, that
+    # torch keeps in /tmp on every machine), are not leftovers.
+    left = sorted(os.path.join(base, n) for n in os.listdir(base)
+                  if not n.startswith(("pytest-of-", "torchinductor_")))
+    shutil.rmtree(base, ignore_errors=True)
+    old = _SESSION_TMP.pop("old_tmpdir")
+    if old is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = old
+    tempfile.tempdir = None
+    if left:
+        session.config.get_terminal_writer().line(
+            f"FAILED: the test suite left temporary files behind: {left}", red=True, bold=True)
+        if session.exitstatus == 0:
+            session.exitstatus = 1

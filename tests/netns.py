@@ -79,8 +79,8 @@ class Hosts:
     def command(self, i: int, argv: Sequence[str]) -> list[str]:
         """``argv`` run on host ``i`` (its namespace, its hostname, /etc/hosts naming every host)."""
         script = ('hostname "$1"; shift; '
-                  'printf "127.0.0.1 localhost\\n%s\\n" "$HOSTS_LINE" | tr "|" "\\n" > /tmp/hosts-$$; '
-                  'mount --bind /tmp/hosts-$$ /etc/hosts 2>/dev/null; exec "$@"')
+                  'h="${TMPDIR:-/tmp}/hosts-$$"; printf "127.0.0.1 localhost\\n%s\\n" "$HOSTS_LINE" | tr "|" "\\n" > "$h"; '
+                  'mount --bind "$h" /etc/hosts 2>/dev/null; rm -f "$h"; exec "$@"')
         line = "|".join(f"{a} {h}" for a, h in zip(self.addrs, self.hostnames))
         return ["ip", "netns", "exec", self.names[i], "unshare", "--uts", "--mount", "env", f"HOSTS_LINE={line}",
                 "sh", "-c", script, "sh", self.hostnames[i], *argv]

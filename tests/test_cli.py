@@ -66,6 +66,8 @@ def test_bad_input_is_one_line_and_exit_2(cli_env, args, needle):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("env_patch,needle", [
     ({"RANK": "abc", "WORLD_SIZE": "2"}, "RANK='abc' is not an integer"),
+    ({"RANK": "abc"}, "RANK='abc' is not an integer"),
+    ({"RANK": "abc", "SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0"}, "RANK='abc' is not an integer"),
     ({"RANK": "3", "WORLD_SIZE": "2"}, "RANK=3 is not below WORLD_SIZE=2"),
     ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "99999"},
      "MASTER_PORT=99999 is out of range"),

@@ -170,9 +170,10 @@ def test_user_models_and_broken_setups_are_caught_and_named(tmp_path, monkeypatc
 
     got = merged("unused", (param_mod.ParamSyncCheck, bn_mod.BnSyncCheck))
     param = got["param-sync"]
-    assert param.status == Status.WARN and param.finding == "unused-parameters"
+    assert param.status == Status.FAIL and param.finding == "unused-parameters"
     assert param.summary == "2 parameters get no gradient: spare.weight, spare.bias"
     assert "find_unused_parameters=True" in param.hint and "prior iteration" in param.hint
+    assert "freeze" in param.hint and "stop creating" in param.hint and "costs" in param.hint
     bn = got["bn-sync"]
     assert bn.status == Status.WARN and bn.finding == "bn-stats-diverge"
     assert "1 BatchNorm layer not SyncBatchNorm" in bn.summary and "(norm)" in bn.summary

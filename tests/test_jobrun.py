@@ -28,7 +28,7 @@ def ddprun(tmp_path, env, mode, *, nproc=2, hang=3.0, extra=(), steps="20", time
     args = CMD + ["--hang-timeout", str(hang), "--dir", str(run_dir), *extra, "--",
                   *torchrun(script, mode, steps, nproc=nproc)]
     p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout)
-    return p, run_dir, "/".join(script.split("/")[-2:])
+    return p, run_dir, script  # shown as given: not under the cwd, so the whole path
 
 
 def assert_nothing_left(run_dir):

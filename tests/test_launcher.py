@@ -59,6 +59,8 @@ def test_torchrun_under_srun_with_one_task_per_node_is_not_a_conflict():
 
 @pytest.mark.parametrize("env,message", [
     ({"RANK": "abc", "WORLD_SIZE": "2"}, "RANK='abc' is not an integer"),
+    ({"RANK": "abc"}, "RANK='abc' is not an integer"),
+    ({"RANK": "abc", "SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0"}, "RANK='abc' is not an integer"),
     ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2 is not below WORLD_SIZE=2"),
     ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE=0"),
     ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"}, "LOCAL_RANK=2 is not below"),

@@ -30,7 +30,11 @@ def test_exactly_two_setup_commands_and_ci_runs_the_test_one():
     with open(os.path.join(ROOT, ".ci", "run")) as f:
         ci = f.read()
     assert commands[1] in ci.splitlines()
+    assert f"{{ {commands[0]}; }}" in ci  # the first command, verbatim, its exit code and output checked
     assert "torch==2.13.0" in ci
+    # ... inside a fresh virtual environment that cannot see the system's packages (numpy among them).
+    assert "-m venv" in ci and "system-site-packages" not in ci and "/bin/activate" in ci
+    assert ci.index("/bin/activate") < ci.index(commands[0]) < ci.index(commands[1])
 
 
 @pytest.mark.timeout(90)

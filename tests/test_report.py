@@ -98,7 +98,7 @@ Current thread 0x00007e (most recent call first):
   File "/home/u/proj/train.py", line 88 in step
   File "/venv/lib/python3.11/site-packages/ddpdoctor/runner/worker.py", line 70 in run_guarded
 """
-    assert where_hung(stack) == "all_reduce, called from step (proj/train.py:88)"
+    assert where_hung(stack) == "all_reduce, called from step (/home/u/proj/train.py:88)"  # as given
     assert where_hung("") == "an unknown place (no Python stack)"
 
 

@@ -256,6 +256,12 @@ def detect(
             if values["local_rank"] is not None:
                 sources["local_rank"] = var
 
+    # torchrun's variables are checked whatever else is set (another launcher, or RANK without
+    # WORLD_SIZE): RANK=abc is a mistake in any case, never silently a world of one.
+    if launcher != "torchrun":
+        for var in ("RANK", "WORLD_SIZE"):
+            _parse_int(env, var, problems)
+
     info_values = {
         "rank": values["rank"] if values["rank"] is not None else 0,
         "world_size": values["world_size"] if values["world_size"] is not None else 1,

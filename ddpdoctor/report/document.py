@@ -30,6 +30,8 @@ class RunReport:
     duration: float = 0.0
     interrupted: Optional[str] = None
     started: float = field(default_factory=time.time)
+    #: every world the checks ran in, when there were several (``world`` is the first)
+    worlds: tuple[WorldInfo, ...] = ()
 
     @property
     def status(self) -> Status:
@@ -59,6 +61,7 @@ class RunReport:
             "started": round(self.started, 3),
             "duration": round(self.duration, 4),
             "world": self.world.to_dict(),
+            "worlds": [w.to_dict() for w in self.worlds or (self.world,)],
             "counts": self.counts(),
             "checks": [r.to_dict() for r in self.results],
         }

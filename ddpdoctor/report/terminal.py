@@ -82,7 +82,8 @@ def header(world: WorldInfo) -> str:
     nodes = world.nodes
     where = f"{world.launcher} job" if world.mode == "joined" else "local world"
     return (f"ddpdoctor {__version__}: {where} of {world.world_size} rank{'s' if world.world_size != 1 else ''} "
-            f"({world.backend}) on {nodes} node{'s' if nodes != 1 else ''}")
+            f"({world.backend}) on {nodes} node{'s' if nodes != 1 else ''}"
+            + (f": {world.purpose}" if world.purpose else ""))
 
 
 def footer(report: RunReport, strict: bool) -> str:
@@ -101,7 +102,13 @@ def render(report: RunReport, style: Style, verbose: bool = False, strict: bool 
            with_header: bool = True) -> str:
     width = max((len(r.name) for r in report.results), default=4)
     lines = [header(report.world)] if with_header else []
+    worlds = {w.purpose: w for w in report.worlds}
+    shown = report.world.purpose
     for r in report.results:
+        purpose = r.world.get("purpose", "")
+        if with_header and purpose != shown and purpose in worlds:  # a run in several worlds: one header each
+            lines.append(header(worlds[purpose]))
+            shown = purpose
         lines.extend(render_result(r, style, width, verbose))
     lines.append(footer(report, strict))
     return "\n".join(lines)

@@ -12,6 +12,7 @@ from typing import Optional, Sequence
 
 from ddpdoctor.errors import UsageError
 from ddpdoctor.exitcodes import ExitCode
+from ddpdoctor.result import Status
 
 __all__ = ["parse_bytes", "run_bench"]
 
@@ -39,6 +40,9 @@ def run_bench(*, nproc: Optional[int], backend: Optional[str], master_addr: str,
     Raises:
         UsageError: bad sizes or operation names (exit 2), before anything starts.
     """
+    if nproc == 1 and mode != "join":
+        raise UsageError("bench-one-rank", "--nproc 1: the bandwidth table times transfers between ranks, and one "
+                         "rank has none", "use --nproc 2 or more (with one GPU: --backend gloo --nproc 2, on CPU)")
     from ddpdoctor.checks.collectives import bench_rows
     from ddpdoctor.diagnostics.collective_plan import render_table, select_ops
     from ddpdoctor.report.terminal import Style, footer, header, render_result
@@ -68,9 +72,13 @@ def run_bench(*, nproc: Optional[int], backend: Optional[str], master_addr: str,
             print(outcome.message, file=sys.stderr)
         return outcome.exit_code
     result = report.results[0]
-    rows = bench_rows(result.outcomes, report.world.world_size)
     out = sys.stdout
     style = Style.for_stream(out)
+    if result.status == Status.SKIP:  # never a header and an empty table: one line saying why
+        out.write(f"ddpdoctor bench: not run: {result.summary}\n")
+        out.flush()
+        return outcome.exit_code
+    rows = bench_rows(result.outcomes, report.world.world_size)
     lines = [header(report.world), f"# {dtype}, sizes {lo}..{hi} bytes, {warmup} warm-up + {iters} timed calls "
              "per row; time averaged over ranks; busbw as nccl-tests"]
     lines += [f"# {line}" if i < 2 else f"  {line}" for i, line in enumerate(render_table(rows))]

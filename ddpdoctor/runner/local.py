@@ -13,6 +13,7 @@ import shutil
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from ddpdoctor.check import Check, WorldInfo
@@ -28,7 +29,7 @@ from ddpdoctor.runner.supervisor import Supervisor
 from ddpdoctor.runner.worker import WorkerSpec
 from ddpdoctor.system.nvml import visible_gpus
 
-__all__ = ["run_checks", "resolve_world"]
+__all__ = ["run_checks", "resolve_world", "plan_worlds", "LocalWorld"]
 
 BACKENDS = ("gloo", "nccl")
 
@@ -62,6 +63,50 @@ def resolve_world(opts: RunOptions, gpus: Optional[int] = None, nccl_built: Opti
         raise UsageError("too-few-gpus", f"--nproc {nproc} with --backend nccl needs {nproc} GPUs, found {gpus}",
                          f"use --nproc {gpus} or fewer (one rank per GPU)")
     return nproc, backend
+
+
+@dataclass(frozen=True)
+class LocalWorld:
+    """One world a local run forks: its size, backend and the checks that run in it."""
+
+    nproc: int
+    backend: str
+    checks: tuple[Check, ...]
+    purpose: str = ""
+    device: str = "cpu"  # where its ranks compute: cuda (NCCL) or cpu
+
+
+def plan_worlds(opts: RunOptions, checks: Sequence[Check], gpus: Optional[int] = None,
+                nccl_built: Optional[bool] = None) -> list[LocalWorld]:
+    """The worlds a local run forks, in order: usually one (``resolve_world``'s).
+
+    On a machine whose default NCCL world is smaller than some check needs (one GPU), and neither
+    ``--nproc`` nor ``--backend`` was given, the run forks two worlds so that every check runs: the
+    GPU world runs the checks it can (env, port, process-group on NCCL), then a 2-rank gloo world on
+    CPU runs the multi-rank ones. The report says which ran where and that NCCL across ranks needs
+    another GPU.
+
+    Raises:
+        UsageError: as ``resolve_world``.
+    """
+    gpus = visible_gpus() if gpus is None else gpus
+    nproc, backend = resolve_world(opts, gpus, nccl_built)
+    whole = [LocalWorld(nproc, backend, tuple(checks), device="cuda" if backend == "nccl" else "cpu")]
+    if backend != "nccl" or opts.nproc is not None or opts.backend is not None:
+        return whole
+    multi = tuple(c for c in checks if c.requires.min_world_size > nproc)
+    here = tuple(c for c in checks if c.requires.min_world_size <= nproc)
+    if not multi:
+        return whole
+    ranks = max(2, max(c.requires.min_world_size for c in multi))
+    more = f"{ranks - gpus} more GPU" + ("s" if ranks - gpus > 1 else "")
+    cpu = LocalWorld(ranks, "gloo", multi,
+                     f"{', '.join(c.name for c in multi)} on CPU ({gpus} GPU visible; NCCL across ranks "
+                     f"needs {more})")
+    if not here:
+        return [cpu]
+    gpu = LocalWorld(nproc, backend, here, f"{', '.join(c.name for c in here)} on the GPU", device="cuda")
+    return [gpu, cpu]
 
 
 def run_checks(opts: RunOptions, progress: Optional[Progress] = None) -> RunOutcome:
@@ -102,9 +147,36 @@ def _validate_options(options: dict) -> None:
 
 
 def _run_local(opts: RunOptions, checks: Sequence[Check], progress: Progress) -> RunOutcome:
+    worlds = plan_worlds(opts, checks)
+    if len(worlds) == 1:
+        report = _run_world(opts, worlds[0], progress)
+        return RunOutcome(report, int(report.exit_code(opts.strict)))
+    start = time.monotonic()
+    reports: list[RunReport] = []
+    for i, w in enumerate(worlds):
+        reports.append(_run_world(opts, w, progress))
+        if reports[-1].interrupted:
+            why = reports[-1].interrupted
+            extra = tuple(replace(r, world=_world_tag(rest)) for rest in worlds[i + 1:]
+                          for r in interrupted_results(rest.checks, [], None, why))
+            reports.append(RunReport(reports[-1].world, extra, interrupted=why))
+            break
+    order = {c.name: i for i, c in enumerate(checks)}
+    results = sorted((r for rep in reports for r in rep.results), key=lambda r: order.get(r.name, len(order)))
+    report = RunReport(reports[0].world, tuple(results), duration=time.monotonic() - start,
+                       interrupted=next((rep.interrupted for rep in reports if rep.interrupted), None),
+                       worlds=tuple(rep.world for rep in reports if rep.results))
+    return RunOutcome(report, int(report.exit_code(opts.strict)))
+
+
+def _world_tag(w: LocalWorld) -> dict:
+    return {"world_size": w.nproc, "backend": w.backend, "device": w.device, "purpose": w.purpose}
+
+
+def _run_world(opts: RunOptions, plan: LocalWorld, progress: Progress) -> RunReport:
     from ddpdoctor.system.ports import bind_master
 
-    nproc, backend = resolve_world(opts)
+    nproc, backend, checks = plan.nproc, plan.backend, plan.checks
     start = time.monotonic()
     COUNTS.clear()
     probe = bind_master(opts.master_addr, opts.master_port, rank=0)
@@ -116,7 +188,8 @@ def _run_local(opts: RunOptions, checks: Sequence[Check], progress: Progress) ->
         if sock is None:
             raise UsageError("no-loopback", "cannot bind any port on 127.0.0.1", "check the loopback interface")
     store_addr, store_port = sock.getsockname()[:2]
-    world = WorldInfo(world_size=nproc, backend=backend, mode="local", options=dict(opts.options))
+    world = WorldInfo(world_size=nproc, backend=backend, mode="local", options=dict(opts.options),
+                      purpose=plan.purpose)
     workdir = tempfile.mkdtemp(prefix="ddpdoctor-")
     prefix = f"ddpdoctor/{uuid.uuid4().hex[:12]}"
     pinned = _loopback_pins(store_addr)
@@ -161,7 +234,8 @@ def _run_local(opts: RunOptions, checks: Sequence[Check], progress: Progress) ->
         del store
         shutil.rmtree(workdir, ignore_errors=True)
         dump_counts("supervisor")
-    return RunOutcome(report, int(report.exit_code(opts.strict)))
+    tag = _world_tag(plan)
+    return replace(report, results=tuple(replace(r, world=tag) for r in report.results))
 
 
 def _loopback_pins(addr: str) -> dict[str, str]:

@@ -127,6 +127,10 @@ class Coordinator:
                     aborted = f"not run: {trouble} during '{check.name}'"
             if check.name == "process-group" and result.status >= Status.FAIL:
                 pg_broken = pg_broken or "the process-group check failed"
+            if check.name == "env" and any(o.finding == "too-few-gpus" for o in result.outcomes):
+                # NCCL would fail on the ranks without a GPU and the others would wait out the deadline.
+                self.blocked = self.blocked or "more ranks per node than GPUs (see 'env')"
+                pg_broken = pg_broken or self.blocked
             self.results.append(result)
             self.progress.finished(result)
         self.current = None

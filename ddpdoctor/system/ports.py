@@ -37,6 +37,11 @@ def free_port(addr: str = "127.0.0.1") -> Optional[int]:
 
 
 
+def one_line(text: str) -> str:
+    """``text`` on one line: newlines, tabs and other control characters become single spaces."""
+    return " ".join("".join(" " if (ord(c) < 32 or 127 <= ord(c) < 160) else c for c in text).split())
+
+
 def port_holder(port: int) -> Optional[str]:
     """``"pid 1234 (python train.py)"`` for the process listening on ``port``, or None if unknown."""
     try:
@@ -46,7 +51,7 @@ def port_holder(port: int) -> Optional[str]:
             if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
                 proc = psutil.Process(conn.pid)
                 cmd = " ".join(proc.cmdline()[:4]) or proc.name()
-                return f"pid {conn.pid} ({cmd[:80]})"
+                return f"pid {conn.pid} ({one_line(cmd)[:80]})"
     except Exception:  # AccessDenied, a process that just exited, no psutil support
         return None
     return None

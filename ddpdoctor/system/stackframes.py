@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 __all__ = ["where_hung"]
@@ -21,7 +22,19 @@ _LIBRARY = ("/torch/", "/site-packages/", "/dist-packages/", "/lib/python3")
 
 
 def _short(path: str) -> str:
-    return "/".join(path.split("/")[-2:])
+    """A library file by its last two parts; the user's own file as they gave it, relative to the
+    current directory when it lies under it (``work/buggy.py``, ``../other/train.py`` stays absolute)."""
+    if any(p in path for p in _LIBRARY):
+        return "/".join(path.split("/")[-2:])
+    if os.path.isabs(path):
+        try:
+            cwd = os.getcwd()
+        except OSError:
+            return path
+        rel = os.path.relpath(path, cwd)
+        if not rel.startswith(".." + os.sep) and rel != "..":
+            return rel
+    return path
 
 
 
