@@ -238,14 +238,30 @@ class _Differ(CollectiveMismatchError):
     """The digests differ; :func:`_explain` turns it into the error every rank raises."""
 
 
+def _all_gather_pickled(obj: Any, group: Any, n: int) -> list[Any]:
+    """Every rank's ``obj``: torch's ``all_gather_object`` without its numpy (a CPU torch wheel has none)."""
+    import pickle
+
+    device = rank_device()
+    data = pickle.dumps(obj)
+    length = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    lengths = [torch.zeros_like(length) for _ in range(n)]
+    dist.all_gather(lengths, length, group=group)
+    sizes = [int(t.item()) for t in lengths]
+    mine = torch.zeros(max(sizes), dtype=torch.uint8)
+    mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    out = [torch.zeros_like(mine, device=device) for _ in range(n)]
+    dist.all_gather(out, mine.to(device), group=group)
+    return [pickle.loads(bytes(t[:size].cpu().tolist())) for t, size in zip(out, sizes)]
+
+
 def _explain(what: str, group: Any, ranks: list[int], detail: Optional[dict[str, str]], texts: Any) -> None:
     """Raise the mismatch error: each rank's input, or with ``detail`` the exact entries that differ."""
     if detail is None:
         raise CollectiveMismatchError("collective-mismatch", f"{what}: ranks disagree: " + "; ".join(
             f"rank {ranks[r]}: {texts[r]}" for r in range(len(ranks))), _HINT)
-    everyone: list[Any] = [None] * len(ranks)
     # Every rank saw the same differing digests, so every rank takes this second exchange.
-    dist.all_gather_object(everyone, detail, group=group)
+    everyone = _all_gather_pickled(detail, group, len(ranks))
     paths = sorted(set().union(*everyone))
     lines = []
     for path in paths:
