@@ -422,13 +422,19 @@ def stacks(pids: tuple, wait: float) -> int:
                    "$XDG_STATE_HOME/ddpdoctor/runs, i.e. ~/.local/state/ddpdoctor/runs].")
 @click.option("--keep", is_flag=True, help="Keep the run directory even when the job succeeded.")
 @click.option("--keep-hung", is_flag=True, help="After reporting a hang, leave the job running.")
+@click.option("--straggler-window", type=Number(float, 0.5, 86400.0, unit="seconds"), default=60.0, show_default=True,
+              help="Seconds per window of the straggler score (each rank's own work between collectives).")
+@click.option("--straggler-windows", type=Number(int, 1, 1000), default=3, show_default=True,
+              help="Windows in a row a rank must score under 0.8 to be named a straggler.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(hang_timeout: float, run_dir: Optional[str], keep: bool, keep_hung: bool, command: tuple) -> int:
+def run(hang_timeout: float, run_dir: Optional[str], keep: bool, keep_hung: bool, straggler_window: float,
+        straggler_windows: int, command: tuple) -> int:
     """Run a training command (after --) and explain it if it hangs or dies."""
     from ddpdoctor.postmortem.jobrun import RunSpec, run_job
 
     return run_job(RunSpec(command=list(command), hang_timeout=hang_timeout, run_dir=run_dir, keep=keep,
-                           keep_hung=keep_hung))
+                           keep_hung=keep_hung, straggler_window=straggler_window,
+                           straggler_windows=straggler_windows))
 
 
 def _quiet_logs() -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from ddpdoctor.locate.planner import Judge, Locator, Reading
 from ddpdoctor.locate.simulation import run_plan, scenario, score
+from jobscripts import torchrun
 from netns import Hosts, netns_unavailable
 
 PY = sys.executable
@@ -188,3 +189,46 @@ def test_straggler_flagged_after_three_low_windows_and_a_clean_job_flags_no_one(
     assert clean_flags == []
     text = tracker.describe(flags[-1][0], {2: "node2"})
     assert text.startswith("rank 2 on node2 is a straggler: score 0.7") and "5 windows in a row" in text
+
+
+STRAGGLER_JOB = r'''
+import os, sys, time
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+slow = int(sys.argv[1])
+torch.manual_seed(0)
+model = DDP(torch.nn.Linear(16, 16))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(8, 16)
+for step in range(int(sys.argv[2])):
+    time.sleep(0.13 if rank == slow else 0.10)  # data loading: rank `slow` takes 30% longer per step
+    opt.zero_grad()
+    model(x).sum().backward()
+    opt.step()
+dist.destroy_process_group()
+'''
+
+
+def _run_straggler_job(cli_env, tmp_path, slow):
+    script = tmp_path / "job.py"
+    script.write_text(STRAGGLER_JOB)
+    env = {**cli_env, "XDG_STATE_HOME": str(tmp_path / "state"), "OMP_NUM_THREADS": "1"}
+    cmd = [PY, "-m", "ddpdoctor", "run", "--hang-timeout", "60", "--straggler-window", "1", "--",
+           *torchrun(str(script), str(slow), "45", nproc=4)]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150)
+
+
+@pytest.mark.timeout(200)
+def test_run_names_the_rank_that_works_slowest_and_a_clean_job_names_no_one(cli_env, tmp_path):
+    p = _run_straggler_job(cli_env, tmp_path, slow=2)
+    assert p.returncode == 0, p.stderr[-3000:]
+    named = [line for line in p.stderr.splitlines() if "is a straggler" in line and "exit 0 in" not in line]
+    assert named and all(line.startswith("ddpdoctor run: rank 2 ") for line in named), p.stderr[-3000:]
+    assert "1 straggler: rank 2 " in p.stderr.splitlines()[-1]
+    clean = _run_straggler_job(cli_env, tmp_path, slow=-1)
+    assert clean.returncode == 0, clean.stderr[-3000:]
+    assert "straggler" not in clean.stderr, clean.stderr[-3000:]

@@ -57,6 +57,7 @@ from typing import IO, Optional
 import psutil
 
 from ddpdoctor.exitcodes import ExitCode
+from ddpdoctor.postmortem.straggle import StragglerWatch
 
 __all__ = ["RunSpec", "run_job", "job_env", "default_runs_root", "RAW_LOG", "DEATH_GRACE"]
 
@@ -66,7 +67,7 @@ CPU_MIN_S = 0.03  # ... and at least this many CPU seconds: a rank waiting in a 
 #                   busy rank on a crowded machine (a fraction of a core) still adds this in well under a second
 DEATH_GRACE = 5.0  # seconds the others may sit idle after a rank died before the verdict (capped by hang_timeout)
 RAW_LOG = "output.raw.log"  # the job's bytes as written, unredacted: mode 0600
-_OWN_FILES = ("proc-*.json", "beat-*", "stacks-*.txt", "exit-*.json", ".proc-*", ".exit-*", RAW_LOG, "stacks.txt",
+_OWN_FILES = ("proc-*.json", "beat-*", "coll-*.txt", "stacks-*.txt", "exit-*.json", ".proc-*", ".exit-*", RAW_LOG, "stacks.txt",
               "verdict.txt", "verdict.json", "flight-recorder-rank*")
 
 
@@ -82,6 +83,8 @@ class RunSpec:
         keep: keep the run directory even when the job succeeded.
         keep_hung: report a hang but leave the job running.
         stop_grace: seconds between SIGTERM and SIGKILL when stopping a job.
+        straggler_window, straggler_windows: the straggler score's window (seconds) and how many
+            windows in a row a rank must score low to be named.
     """
 
     command: list
@@ -91,6 +94,8 @@ class RunSpec:
     keep_hung: bool = False
     stop_grace: float = 10.0
     stack_wait: float = 3.0
+    straggler_window: float = 60.0
+    straggler_windows: int = 3
     err: IO = field(default_factory=lambda: sys.stderr)
 
 
@@ -657,6 +662,7 @@ def run_job(spec: RunSpec) -> int:
     tee.start(proc.stdout, sys.stdout.buffer)
     tee.start(proc.stderr, sys.stderr.buffer)
     watch = _Watch(run_dir)
+    stragglers = StragglerWatch(run_dir, spec.straggler_window, spec.straggler_windows)
     forwarded: list = []
 
     def forward(signum: int, _frame: object) -> None:
@@ -686,6 +692,9 @@ def run_job(spec: RunSpec) -> int:
             watch.discover()
             deaths_before = len(watch.deaths)
             moved = watch.sample(now - last)
+            named = stragglers.poll(now, watch.live_ranks())
+            if named:
+                _say(spec, [f"ddpdoctor run: {line}" for line in named])
             if tee.bytes != out_bytes:
                 moved, out_bytes = True, tee.bytes
             last = now
@@ -749,6 +758,9 @@ def run_job(spec: RunSpec) -> int:
         who = f"{n} rank{'s' if n != 1 else ''}" if n else "1 process"
         kept = spec.keep
         line = f"ddpdoctor run: {who}, exit 0 in {elapsed:.0f} s, no hang, no rank died"
+        slow = stragglers.summary()
+        if slow:
+            line += f"; {len(slow)} straggler{'s' if len(slow) != 1 else ''}: " + "; ".join(slow)
         if kept:
             line += f"; kept {run_dir}"
         else:

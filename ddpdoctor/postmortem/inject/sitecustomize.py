@@ -22,6 +22,13 @@ In each registered process it:
 * starts one daemon thread that looks at the main thread's innermost frames every
   ``DDPDOCTOR_BEAT_S`` seconds (1 by default) and bumps a counter in ``beat-<pid>`` when they moved
   (the cheap progress signal the supervisor watches), and fills in the rank number when it learns it;
+* times every collective (straggler scores, ``ddpdoctor.locate.straggler``): once ``torch.distributed``
+  is imported, its blocking collectives are wrapped (two clock reads and an append per call), and
+  DDP's gradient all-reduce, which runs in C++, is reached through a communication hook that does
+  what DDP's own does (``allreduce_hook`` on the model's process group) and notes when each bucket's
+  all-reduce started and completed; the hook is registered at the first forward, only when the
+  program registered none of its own. The heartbeat appends the ``start end`` pairs to
+  ``coll-<pid>.txt``. ``DDPDOCTOR_STRAGGLER=0`` turns all of it off;
 * writes ``proc-<pid>.json`` (pid, role, rank, argv, ...) so the supervisor finds it, and
   ``exit-<pid>.json`` when it ends through Python (an uncaught exception with its line, ``sys.exit``'s
   or ``os._exit``'s code, or a normal end): a rank with no exit record was ended by a signal.
@@ -110,6 +117,95 @@ def _ddpdoctor_learn_rank(info, main_frame):
     return changed
 
 
+_DDPDOCTOR_TIMED = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+                    "broadcast", "barrier", "all_to_all", "all_to_all_single", "reduce")
+
+
+def _ddpdoctor_loaded(name):
+    """The module once its import has finished (a background thread must not patch a half-built one)."""
+    mod = sys.modules.get(name)
+    spec = getattr(mod, "__spec__", None)
+    return None if mod is None or getattr(spec, "_initializing", False) else mod
+
+
+def _ddpdoctor_time_collectives(events):
+    """Wrap torch.distributed's blocking collectives and DDP's all-reduce; True once done."""
+    import time
+
+    c10d = _ddpdoctor_loaded("torch.distributed.distributed_c10d")
+    package = _ddpdoctor_loaded("torch.distributed")
+    if c10d is None or package is None:
+        return False
+    clock = time.monotonic
+
+    def wrap(real):
+        def timed(*args, **kwargs):
+            if kwargs.get("async_op"):
+                return real(*args, **kwargs)  # completes later, at wait(): not timed
+            t0 = clock()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                events.append((t0, clock()))
+        timed.__wrapped__ = real
+        timed.__name__ = getattr(real, "__name__", "collective")
+        timed.__doc__ = getattr(real, "__doc__", None)
+        timed._ddpdoctor_timed = True
+        return timed
+
+    for name in _DDPDOCTOR_TIMED:
+        real = getattr(c10d, name, None)
+        if real is None or getattr(real, "_ddpdoctor_timed", False):
+            continue
+        timed = wrap(real)
+        setattr(c10d, name, timed)
+        if getattr(package, name, None) is real:
+            setattr(package, name, timed)
+    parallel = _ddpdoctor_loaded("torch.nn.parallel.distributed")
+    if parallel is None:
+        return False  # DDP may be imported later: come back
+    ddp = getattr(parallel, "DistributedDataParallel", None)
+    if ddp is None or getattr(ddp.forward, "_ddpdoctor_timed", False):
+        return True
+    real_forward, real_register = ddp.forward, ddp.register_comm_hook
+
+    def comm_hook(process_group, bucket):
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        t0 = clock()
+
+        def done(fut):
+            events.append((t0, clock()))
+            return fut.value()
+
+        return allreduce_hook(process_group, bucket).then(done)
+
+    def register_comm_hook(self, *args, **kwargs):
+        self.__dict__["_ddpdoctor_user_hook"] = True
+        return real_register(self, *args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        if "_ddpdoctor_seen" not in self.__dict__:
+            self.__dict__["_ddpdoctor_seen"] = True
+            if (not self.__dict__.get("_ddpdoctor_user_hook") and not getattr(self, "_comm_hooks", None)
+                    and not getattr(self, "_use_python_reducer", False)):  # compiled autograd calls hooks otherwise
+                try:
+                    real_register(self, self.process_group, comm_hook)
+                except Exception:  # noqa: BLE001 - a hook already set (builtin, C++): leave DDP as it is
+                    pass
+        return real_forward(self, *args, **kwargs)
+
+    forward._ddpdoctor_timed = True
+    ddp.forward, ddp.register_comm_hook = forward, register_comm_hook
+    builtin = getattr(ddp, "_register_builtin_comm_hook", None)
+    if builtin is not None:
+        def register_builtin(self, *args, **kwargs):
+            self.__dict__["_ddpdoctor_user_hook"] = True
+            return builtin(self, *args, **kwargs)
+        ddp._register_builtin_comm_hook = register_builtin
+    return True
+
+
 def _ddpdoctor_install(role):
     import atexit
     import faulthandler
@@ -136,12 +232,39 @@ def _ddpdoctor_install(role):
     rank = os.environ.get("RANK") if role == "rank" else None
     info = {"pid": pid, "ppid": os.getppid(), "role": role, "rank": int(rank) if rank and rank.isdigit() else None,
             "local_rank": os.environ.get("LOCAL_RANK"), "argv": list(getattr(sys, "argv", []) or []),
-            "signal": signame, "main_thread": main_id, "stack_file": stack_path, "beat_file": beat_path}
+            "signal": signame, "main_thread": main_id, "stack_file": stack_path, "beat_file": beat_path,
+            "host": os.uname().nodename}
     stop = threading.Event()
+    import collections
+
+    events = collections.deque()
+    timing = role in ("rank", "spawn") and os.environ.get("DDPDOCTOR_STRAGGLER", "1") != "0"
+    coll_path = os.path.join(run_dir, f"coll-{pid}.txt")
+    patched = [False]
+
+    def flush_timings():
+        if not timing:
+            return
+        if not patched[0]:
+            patched[0] = _ddpdoctor_time_collectives(events)
+        if events:
+            lines = []
+            while events:
+                t0, t1 = events.popleft()
+                lines.append(f"{t0:.6f} {t1:.6f}\n")
+            fd = os.open(coll_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+            try:
+                os.write(fd, "".join(lines).encode())
+            finally:
+                os.close(fd)
 
     def beat():
         last, count = None, 0
         while not stop.wait(interval):
+            try:
+                flush_timings()
+            except Exception:  # noqa: BLE001 - never break the job
+                pass
             frame = sys._current_frames().get(main_id)
             if frame is None:
                 return

@@ -1,0 +1,74 @@
+"""``ddpdoctor run``'s straggler watch: every window, each rank's collective timings (written by the
+injected hook as ``coll-<pid>.txt``) are scored by :class:`ddpdoctor.locate.straggler.StragglerTracker`;
+a rank slow for several windows in a row is named while the job runs, and again at the end.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence
+
+from ddpdoctor.locate.straggler import Event, StragglerTracker
+
+__all__ = ["StragglerWatch"]
+
+
+class StragglerWatch:
+    """Reads the new timings of every rank once per ``window`` seconds and scores them."""
+
+    def __init__(self, run_dir: str, window: float, windows: int, threshold: float = 0.8) -> None:
+        self.run_dir = run_dir
+        self.window = window
+        self.tracker = StragglerTracker(threshold=threshold, windows=windows)
+        self.offsets: dict = {}  # pid -> bytes already read
+        self.next_at: Optional[float] = None
+        self.flagged: dict = {}  # rank -> the latest flag
+
+    def poll(self, now: float, ranks: Sequence) -> list:
+        """Lines to print when a window closed (``ranks``: objects with ``pid``, ``rank``, ``info``)."""
+        if self.next_at is None:
+            self.next_at = now + self.window
+            return []
+        if now < self.next_at:
+            return []
+        self.next_at = now + self.window
+        per_rank = {}
+        for p in ranks:
+            if p.rank is None:
+                continue
+            events = self._read(p.pid)
+            if len(events) >= 2:
+                per_rank[p.rank] = events
+        if len(per_rank) < 2:
+            return []
+        hosts = {p.rank: p.info.get("host") for p in ranks if p.rank is not None and p.info.get("host")}
+        lines = []
+        for flag in self.tracker.add_window(per_rank):
+            self.flagged[flag.rank] = flag
+            lines.append(self.tracker.describe(flag, hosts))
+        return lines
+
+    def summary(self) -> list:
+        """One line per rank flagged at any time during the run."""
+        return [self.tracker.describe(f) for _, f in sorted(self.flagged.items())]
+
+    def _read(self, pid: int) -> list:
+        path = os.path.join(self.run_dir, f"coll-{pid}.txt")
+        try:
+            with open(path, "rb") as f:
+                f.seek(self.offsets.get(pid, 0))
+                data = f.read(8 << 20)
+        except OSError:
+            return []
+        cut = data.rfind(b"\n") + 1  # a line being written stays for the next window
+        self.offsets[pid] = self.offsets.get(pid, 0) + cut
+        out = []
+        for line in data[:cut].splitlines():
+            try:
+                start, end = (float(x) for x in line.split())
+            except ValueError:
+                continue
+            out.append(Event(start, end))
+        return out
+
+
