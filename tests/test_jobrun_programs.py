@@ -48,7 +48,8 @@ def ddprun(tmp_path, env, job, *, hang=3.0, extra=(), timeout=240, cwd=None):
 
 
 def short(path: str) -> str:
-    return "/".join(path.split("/")[-2:])
+    """A script path as ddpdoctor shows it: as given (tmp_path is not under the cwd, so all of it)."""
+    return path
 
 
 def assert_nothing_left(run_dir):

@@ -157,13 +157,13 @@ def test_ddp_communication_counts_as_a_collective():
     assert collective_of(DDP_BUFFERS) == "DDP forward (buffer broadcast)"
     assert collective_of(BARRIER) == "barrier"
     assert collective_of('Current thread 0x1 (most recent call first):\n  File "/p/x.py", line 3 in read\n') is None
-    assert describe_place(DDP_BACKWARD) == "DDP backward (reducer all_reduce), called from train (proj/train.py:30)"
+    assert describe_place(DDP_BACKWARD) == "DDP backward (reducer all_reduce), called from train (/home/me/proj/train.py:30)"
     # ranks 0,2 in DDP's backward, rank 1 in a barrier: rank 1 is the odd one out (it skipped a step)
     readings = [StackReading(RankProcess(100 + r, r), "handler", s, place=describe_place(s))
                 for r, s in ((0, DDP_BACKWARD), (1, BARRIER), (2, DDP_BACKWARD))]
     lines = render_groups(readings)
-    assert lines[0] == "ranks 0,2: DDP backward (reducer all_reduce), called from train (proj/train.py:30)"
-    assert lines[1] == "rank 1:    barrier, called from train (proj/train.py:33)   <- the odd one out"
+    assert lines[0] == "ranks 0,2: DDP backward (reducer all_reduce), called from train (/home/me/proj/train.py:30)"
+    assert lines[1] == "rank 1:    barrier, called from train (/home/me/proj/train.py:33)   <- the odd one out"
 
 
 MP_PARENT = r'''
@@ -223,4 +223,4 @@ def test_ranks_a_step_apart_in_ddp_are_one_family():
     readings = [StackReading(RankProcess(100 + r, r), "handler", s, place=describe_place(s))
                 for r, s in ((0, DDP_BUFFERS), (1, BARRIER), (2, DDP_BACKWARD))]
     odd = [line for line in render_groups(readings) if "odd one out" in line]
-    assert odd == ["rank 1: barrier, called from train (proj/train.py:33)   <- the odd one out"]
+    assert odd == ["rank 1: barrier, called from train (/home/me/proj/train.py:33)   <- the odd one out"]

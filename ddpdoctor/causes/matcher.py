@@ -16,6 +16,7 @@ from ddpdoctor.causes.catalogue import CAUSES, Cause
 from ddpdoctor.causes.evidence import refine
 from ddpdoctor.system.redact import safe_text
 from ddpdoctor.system.signals import signal_hint
+from ddpdoctor.system.stackframes import shown_path
 
 __all__ = ["Match", "explain_text", "first_failure", "ranks_of_lines", "LogScanner", "ScanResult", "scan_text",
            "LINE_CAP"]
@@ -197,7 +198,7 @@ def _spawn_failure(lines: Sequence[str]) -> Optional[str]:
             f = _TB_FRAME.search(body)
             if f:
                 if "/site-packages/" not in f.group("file") and "/lib/python" not in f.group("file"):
-                    where = f"{f.group('func')} ({'/'.join(f.group('file').split('/')[-2:])}:{f.group('line')})"
+                    where = f"{f.group('func')} ({shown_path(f.group('file'))}:{f.group('line')})"
                 continue
             if body and not body[0].isspace() and not body.startswith(("Traceback", "The above exception",
                                                                          "During handling")):
@@ -430,7 +431,7 @@ class LogScanner:
         body = _PREFIX.sub("", line).strip()
         f = _TB_FRAME.search(body)
         if f and "/site-packages/" not in f.group("file") and "/lib/python" not in f.group("file"):
-            where = f"{f.group('func')} ({'/'.join(f.group('file').split('/')[-2:])}:{f.group('line')})"
+            where = f"{f.group('func')} ({shown_path(f.group('file'))}:{f.group('line')})"
             self._per_rank.setdefault(rank, ["", ""])[1] = where
         elif _EXC_LINE.match(body) and not body.startswith("Traceback"):
             self._per_rank.setdefault(rank, ["", ""])[0] = body if len(body) <= 160 else body[:157] + "..."

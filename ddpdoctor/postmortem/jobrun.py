@@ -58,6 +58,7 @@ import psutil
 
 from ddpdoctor.exitcodes import ExitCode
 from ddpdoctor.postmortem.straggle import StragglerWatch
+from ddpdoctor.system.stackframes import shown_where
 
 __all__ = ["RunSpec", "run_job", "job_env", "default_runs_root", "RAW_LOG", "DEATH_GRACE"]
 
@@ -349,7 +350,7 @@ class _Proc:
         if e is None:
             return "ended without a Python exit (killed by a signal)"
         if e.get("how") == "raised":
-            return f"raised {e.get('exception', '')}" + (f" at {e['where']}" if e.get("where") else "")
+            return f"raised {e.get('exception', '')}" + (f" at {shown_where(e['where'])}" if e.get("where") else "")
         code = e.get("code")
         if code not in (0, None):
             return f"exited with code {code}"

@@ -18,7 +18,7 @@ from ddpdoctor.causes.matcher import explain_text
 from ddpdoctor.check import Check, WorldInfo
 from ddpdoctor.result import CheckResult, Outcome, Status, rank_label
 from ddpdoctor.runner.worker import EXIT_HINT
-from ddpdoctor.system.stackframes import where_hung
+from ddpdoctor.system.stackframes import shown_path, where_hung
 
 __all__ = ["CAUSE_GRACE", "WAIT_GRACE", "UNREACHABLE", "Trouble", "dead_outcome", "pick_cause", "compose"]
 
@@ -99,7 +99,7 @@ def _fault_place(log: Sequence[str]) -> str:
     m = _FAULT_FRAME.search(current)
     if not m:
         return ""
-    return f"{m.group('func')} ({'/'.join(m.group('file').split('/')[-2:])}:{m.group('line')})"
+    return f"{m.group('func')} ({shown_path(m.group('file'))}:{m.group('line')})"
 
 
 def _own_words(o: Outcome) -> str:

@@ -23,6 +23,7 @@ from ddpdoctor.check import Check, RankContext
 from ddpdoctor.result import Outcome, Status
 from ddpdoctor.runner.channel import COUNTS, Channel, ChannelLost, connect_store, dump_counts
 from ddpdoctor.runner.options import reset_signals_in_worker
+from ddpdoctor.system.stackframes import shown_path
 
 __all__ = ["WorkerSpec", "worker_main", "run_guarded", "raised_at", "set_parent_death_signal", "EXIT_HINT"]
 
@@ -113,19 +114,15 @@ def raised_at(exc: BaseException) -> str:
     if not frames:
         return ""
     inner = frames[-1]
-    text = f"{_short(inner.filename)}:{inner.lineno}"
+    text = f"{shown_path(inner.filename)}:{inner.lineno}"
     if any(p in inner.filename for p in _LIBRARY):
         caller = next((f for f in reversed(frames) if not any(p in f.filename for p in _LIBRARY)), None)
         if caller is not None:
-            text += f", called from {caller.name} ({_short(caller.filename)}:{caller.lineno})"
+            text += f", called from {caller.name} ({shown_path(caller.filename)}:{caller.lineno})"
     return text
 
 
 _LIBRARY = ("/torch/", "/site-packages/", "/dist-packages/", "/lib/python3")
-
-
-def _short(path: str) -> str:
-    return "/".join(path.split("/")[-2:])
 
 
 def _prepare(spec: WorkerSpec) -> Any:

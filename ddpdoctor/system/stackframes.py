@@ -5,23 +5,21 @@ from __future__ import annotations
 import os
 import re
 
-__all__ = ["where_hung"]
+__all__ = ["where_hung", "shown_path", "shown_where"]
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 
 
-
 _OURS = ("/threading.py", "/ddpdoctor/runner/worker.py", "/ddpdoctor/runner/channel.py",
          "/ddpdoctor/runner/supervisor.py", "/ddpdoctor/runner/local.py", "/ddpdoctor/runner/joined.py",
-         "/ddpdoctor/cli.py", "/ddpdoctor/__main__.py")
-
+         "/ddpdoctor/cli.py", "/ddpdoctor/__main__.py",
+         "/.inject/sitecustomize.py", "/ddpdoctor/postmortem/inject/sitecustomize.py")  # run's timing wrappers
 
 
 _LIBRARY = ("/torch/", "/site-packages/", "/dist-packages/", "/lib/python3")
 
 
-
-def _short(path: str) -> str:
+def shown_path(path: str) -> str:
     """A library file by its last two parts; the user's own file as they gave it, relative to the
     current directory when it lies under it (``work/buggy.py``, ``../other/train.py`` stays absolute)."""
     if any(p in path for p in _LIBRARY):
@@ -36,6 +34,10 @@ def _short(path: str) -> str:
             return rel
     return path
 
+
+def shown_where(text: str) -> str:
+    """``train (/home/me/proj/train.py:22)`` with each ``(path:line)`` shown as :func:`shown_path` does."""
+    return re.sub(r"\(([^()\s]+):(\d+)\)", lambda m: f"({shown_path(m.group(1))}:{m.group(2)})", text)
 
 
 def where_hung(stack: str) -> str:
@@ -53,5 +55,5 @@ def where_hung(stack: str) -> str:
     caller = next((m for m in frames if not any(p in m.group("file") for p in _LIBRARY)), None)
     if caller is None or caller is inner:
         m = caller or inner
-        return f"{m.group('func')} ({_short(m.group('file'))}:{m.group('line')})"
-    return f"{inner.group('func')}, called from {caller.group('func')} ({_short(caller.group('file'))}:{caller.group('line')})"
+        return f"{m.group('func')} ({shown_path(m.group('file'))}:{m.group('line')})"
+    return f"{inner.group('func')}, called from {caller.group('func')} ({shown_path(caller.group('file'))}:{caller.group('line')})"

@@ -259,6 +259,12 @@ def _ddpdoctor_install(role):
                 os.close(fd)
 
     def beat():
+        # Stack requests are for the main thread: blocked here, the kernel delivers them there, so the
+        # dump never runs on this thread while the main thread's frames change (or the process exits).
+        try:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+        except (AttributeError, OSError, ValueError):
+            pass
         last, count = None, 0
         while not stop.wait(interval):
             try:
@@ -301,7 +307,7 @@ def _ddpdoctor_install(role):
             where = ""
             for f in reversed(__import__("traceback").extract_tb(tb)):
                 if "/site-packages/" not in f.filename and "/lib/python" not in f.filename:
-                    where = f"{f.name} ({'/'.join(f.filename.split('/')[-2:])}:{f.lineno})"
+                    where = f"{f.name} ({f.filename}:{f.lineno})"  # shown as the user gave it by run
                     break
             text = f"{kind.__name__}: {value}".splitlines()[0][:300]
             ended("raised", exception=text, where=where)
