@@ -16,6 +16,7 @@ from ddpdoctor.result import Status
 
 __all__ = ["parse_bytes", "run_bench"]
 
+MAX_BYTES = 1 << 34  # 16 GiB: one buffer of a collective
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
@@ -25,10 +26,12 @@ def parse_bytes(text: str, flag: str = "--max-bytes") -> int:
     Raises:
         UsageError: not a positive size, naming the value.
     """
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?)(?:I?B)?\s*", text, re.IGNORECASE)
+    match = re.fullmatch(r"\s*(\d{1,12}(?:\.\d{1,6})?)\s*([KMG]?)(?:I?B)?\s*", str(text), re.IGNORECASE)
     value = int(float(match.group(1)) * _UNITS[match.group(2).upper()]) if match else 0
     if value < 1:
         raise UsageError("bad-size", f"{flag} {text!r} is not a size in bytes", f"use e.g. {flag} 8, 64K or 16M")
+    if value > MAX_BYTES:
+        raise UsageError("bad-size", f"{flag} {text} is larger than 16G", f"use {flag} 16G or less")
     return value
 
 
