@@ -26,7 +26,16 @@ def main() -> None:
         signal.signal(sig, _early)
     from ddpdoctor.cli import main as cli_main
 
-    cli_main(pending=_PENDING)
+    try:
+        cli_main(pending=_PENDING)
+    finally:
+        # The outcome is decided: a signal from here on can neither change the exit code nor kill the
+        # interpreter's shutdown midway (which would end the process by the raw signal, not 130).
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                signal.signal(sig, signal.SIG_IGN)
+            except (ValueError, OSError):
+                pass
 
 
 if __name__ == "__main__":

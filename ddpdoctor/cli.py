@@ -306,9 +306,8 @@ def list_checks() -> int:
 
 @cli.command(epilog=EXIT_CODE_HELP)
 @_world_options
-# sizes stay text here: run_bench checks them (range included) and names them as the user typed them
-@click.option("--min-bytes", default="8", show_default=True, help="Smallest size (bytes; K/M/G suffixes).")
-@click.option("--max-bytes", default="16M", show_default=True, help="Largest size (bytes; K/M/G suffixes).")
+@click.option("--min-bytes", type=Number(_size, 1, 1 << 34), default="8", show_default=True, help="Smallest size (bytes; K/M/G suffixes).")
+@click.option("--max-bytes", type=Number(_size, 1, 1 << 34), default="16M", show_default=True, help="Largest size (bytes; K/M/G suffixes).")
 @click.option("--ops", multiple=True, metavar="NAMES",
               help="Operations or families, comma-separated (all_reduce, broadcast, ...) [default: all].")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16", "int64"]), default="float32",

@@ -46,7 +46,7 @@ def test_bench_prints_an_nccl_tests_table_and_writes_json(cli_env, tmp_path):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("args,message", [
     (["--ops", "allreduce"], "error[unknown-collective]: no collective named 'allreduce'; use one of: "),
-    (["--max-bytes", "lots"], "error[bad-size]: --max-bytes 'lots' is not a size in bytes"),
+    (["--max-bytes", "lots"], "error[usage]: Invalid value for '--max-bytes': 'lots' is not a size in bytes"),
     (["--min-bytes", "1M", "--max-bytes", "1K"], "error[bad-size]: --min-bytes 1M is larger than --max-bytes 1K"),
 ])
 def test_bench_usage_errors_exit_2_before_anything_runs(cli_env, args, message):

@@ -14,7 +14,7 @@ from ddpdoctor.errors import UsageError
 from ddpdoctor.exitcodes import ExitCode
 from ddpdoctor.result import Status
 
-__all__ = ["parse_bytes", "run_bench"]
+__all__ = ["parse_bytes", "format_size", "run_bench"]
 
 MAX_BYTES = 1 << 34  # 16 GiB: one buffer of a collective
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -33,6 +33,14 @@ def parse_bytes(text: str, flag: str = "--max-bytes") -> int:
     if value > MAX_BYTES:
         raise UsageError("bad-size", f"{flag} {text} is larger than 16G", f"use {flag} 16G or less")
     return value
+
+
+def format_size(n: int) -> str:
+    """``1048576`` -> ``1M``: the shortest way to write a size in nccl-tests' units."""
+    for unit in ("G", "M", "K"):
+        if n >= _UNITS[unit] and n % _UNITS[unit] == 0:
+            return f"{n // _UNITS[unit]}{unit}"
+    return str(n)
 
 
 def run_bench(*, nproc: Optional[int], backend: Optional[str], master_addr: str, master_port: int,
@@ -58,7 +66,7 @@ def run_bench(*, nproc: Optional[int], backend: Optional[str], master_addr: str,
     if json_path:
         check_json_target(json_path)
     if lo > hi:
-        raise UsageError("bad-size", f"--min-bytes {min_bytes} is larger than --max-bytes {max_bytes}",
+        raise UsageError("bad-size", f"--min-bytes {format_size(lo)} is larger than --max-bytes {format_size(hi)}",
                          "make --min-bytes the smaller one")
     names = [n.strip() for item in ops for n in item.split(",") if n.strip()]
     try:
