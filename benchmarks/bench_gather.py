@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from timing import fork_world  # noqa: E402 - benchmarks/ is the script's folder
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -45,7 +45,7 @@ def _time(fn, repeat: int, inner: int) -> list[float]:
     return out
 
 
-def _rank_main(rank: int, world: int, store_path: str, repeat: int, wfd: int) -> None:
+def _rank_main(rank: int, world: int, store_path: str, wfd: int, repeat: int) -> None:
     torch.set_num_threads(1)
     store = dist.FileStore(store_path, world)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
@@ -85,29 +85,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=30)
     args = parser.parse_args()
     world = 2
-    tmp = tempfile.mkdtemp(prefix="ddpdoctor-bench-")
-    r, w = os.pipe()
-    pids = []
-    for rank in range(world):
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                os.close(r)
-                _rank_main(rank, world, os.path.join(tmp, "store"), args.repeat, w)
-            except BaseException:  # noqa: BLE001
-                import traceback
-                traceback.print_exc()
-                code = 1
-            finally:
-                os._exit(code)
-        pids.append(pid)
-    os.close(w)
-    report = b""
-    while chunk := os.read(r, 1 << 16):
-        report += chunk
-    codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
-    shutil.rmtree(tmp, ignore_errors=True)  # nothing left in /tmp
+    text, codes = fork_world(world, _rank_main, args.repeat)
+    report = text.encode()
     print(f"torch {torch.__version__}, 2 CPU ranks (gloo), median of {args.repeat} interleaved runs")
     print(report.decode())
     if any(codes):

@@ -24,13 +24,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from timing import fork_world  # noqa: E402 - benchmarks/ is the script's folder
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -81,7 +81,7 @@ def _cases(rank: int, world: int, nbytes: int, large: bool) -> dict:
     }
 
 
-def _rank_main(rank: int, world: int, store_path: str, repeat: int, wfd: int, sizes: list) -> None:
+def _rank_main(rank: int, world: int, store_path: str, wfd: int, repeat: int, sizes: list) -> None:
     torch.set_num_threads(1)
     store = dist.FileStore(store_path, world)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=600))
@@ -117,35 +117,10 @@ def _rank_main(rank: int, world: int, store_path: str, repeat: int, wfd: int, si
 
 
 def _run(world: int, repeat: int, sizes: list) -> str:
-    tmp = tempfile.mkdtemp(prefix="ddpdoctor-bench-")
-    try:
-        r, w = os.pipe()
-        pids = []
-        for rank in range(world):
-            pid = os.fork()
-            if pid == 0:
-                code = 0
-                try:
-                    os.close(r)
-                    _rank_main(rank, world, os.path.join(tmp, "store"), repeat, w, sizes)
-                except BaseException:  # noqa: BLE001
-                    import traceback
-                    traceback.print_exc()
-                    code = 1
-                finally:
-                    os._exit(code)
-            pids.append(pid)
-        os.close(w)
-        report = b""
-        while chunk := os.read(r, 1 << 16):
-            report += chunk
-        os.close(r)
-        codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
-        if any(codes):
-            raise SystemExit(f"{world} ranks: exited with {codes}")
-        return report.decode()
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    report, codes = fork_world(world, _rank_main, repeat, sizes)
+    if any(codes):
+        raise SystemExit(f"{world} ranks: exited with {codes}")
+    return report
 
 
 def main() -> int:

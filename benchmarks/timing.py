@@ -26,3 +26,38 @@ def timed_cpu(cmd: list) -> tuple[float, float]:
     wall = timed(cmd)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def fork_world(world: int, rank_main, *args) -> tuple:
+    """Fork ``world`` ranks running ``rank_main(rank, world, store_path, write_fd, *args)`` over a FileStore
+    in a temporary folder (removed after); returns (what the ranks wrote to the pipe, their exit codes)."""
+    import os
+    import shutil
+    import tempfile
+
+    tmp = tempfile.mkdtemp(prefix="ddpdoctor-bench-")
+    try:
+        r, w = os.pipe()
+        pids = []
+        for rank in range(world):
+            pid = os.fork()
+            if pid == 0:
+                code = 0
+                try:
+                    os.close(r)
+                    rank_main(rank, world, os.path.join(tmp, "store"), w, *args)
+                except BaseException:  # noqa: BLE001 - the rank's traceback, then its exit code
+                    import traceback
+                    traceback.print_exc()
+                    code = 1
+                finally:
+                    os._exit(code)
+            pids.append(pid)
+        os.close(w)
+        report = b""
+        while chunk := os.read(r, 1 << 16):
+            report += chunk
+        os.close(r)
+        return report.decode(), [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing left in /tmp

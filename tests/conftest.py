@@ -93,9 +93,11 @@ def pytest_sessionfinish(session, exitstatus):
     if base is None:
         return
     # pytest's own tmp_path folders, and torch's per-user compile cache (one fixed name, reused, that
-    # torch keeps in /tmp on every machine), are not leftovers.
+    # torch keeps in /tmp on every machine), are not leftovers; nor are the log folders and error files
+    # of torchrun agents that tests stop on purpose (torch removes them only when its agent exits
+    # normally). Everything in this private folder is removed below in any case.
     left = sorted(os.path.join(base, n) for n in os.listdir(base)
-                  if not n.startswith(("pytest-of-", "torchinductor_")))
+                  if not n.startswith(("pytest-of-", "torchinductor_", "torchelastic_", "pytorch-errorfile-")))
     shutil.rmtree(base, ignore_errors=True)
     old = _SESSION_TMP.pop("old_tmpdir")
     if old is None:

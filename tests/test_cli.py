@@ -167,11 +167,12 @@ def test_interrupt_prints_partial_report_and_leaves_nothing(cli_env, sig, name):
 
 
 @pytest.mark.timeout(60)
-def test_sigkill_of_ddpdoctor_takes_the_workers_and_frees_the_port(cli_env):
+def test_sigkill_of_ddpdoctor_takes_the_workers_and_frees_the_port(cli_env, tmp_path):
     from ddpdoctor.system.ports import free_port
 
     port = free_port()
-    env = {**cli_env, "DDPDOCTOR_PLUGINS": "faults", "FAULT_RANK": "1", "FAULT_SLEEP": "600"}
+    # TMPDIR: a SIGKILLed process cannot remove its own work folder; it lands in the test's tmp_path
+    env = {**cli_env, "DDPDOCTOR_PLUGINS": "faults", "FAULT_RANK": "1", "FAULT_SLEEP": "600", "TMPDIR": str(tmp_path)}
     proc = subprocess.Popen(CMD + ["check", "--only", "fault-hang", "--timeout", "60", "--master-port", str(port)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     workers = _wait_for_workers(proc, 2)
