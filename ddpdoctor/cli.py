@@ -263,11 +263,9 @@ def _finish_check(outcome: Any, progress: Any, verbose: bool, strict: bool, json
     """Print the rest of the report and the footer, write --json; the exit code."""
     from ddpdoctor.report.terminal import Style, footer, header, render_result
 
-    report = outcome.report
-    if report is None:  # a non-reporting rank in joined mode
-        if outcome.message:
-            click.echo(outcome.message, err=True)
+    if outcome.reported_elsewhere():
         return outcome.exit_code
+    report = outcome.report
     out = sys.stdout
     style = Style.for_stream(out)
     printed = progress.printed if progress is not None else []

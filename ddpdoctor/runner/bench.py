@@ -77,11 +77,9 @@ def run_bench(*, nproc: Optional[int], backend: Optional[str], master_addr: str,
     opts = RunOptions(nproc=nproc, backend=backend, master_addr=master_addr, master_port=master_port,
                       only=["collectives-bench"], timeout=timeout, mode=mode, options={"bench": settings})
     outcome = run_checks(opts)
-    report = outcome.report
-    if report is None:  # a non-reporting rank in joined mode
-        if outcome.message:
-            print(outcome.message, file=sys.stderr)
+    if outcome.reported_elsewhere():
         return outcome.exit_code
+    report = outcome.report
     result = report.results[0]
     out = sys.stdout
     style = Style.for_stream(out)

@@ -29,11 +29,9 @@ def run_locate(*, nproc: Optional[int], backend: Optional[str], master_addr: str
     opts = RunOptions(nproc=nproc, backend=backend, master_addr=master_addr, master_port=master_port,
                       only=["process-group", "locate"], timeout=timeout, mode=mode, options={"locate": settings})
     outcome = run_checks(opts)
-    report = outcome.report
-    if report is None:  # a non-reporting rank in joined mode
-        if outcome.message:
-            print(outcome.message, file=sys.stderr)
+    if outcome.reported_elsewhere():
         return outcome.exit_code
+    report = outcome.report
     style = Style.for_stream(sys.stdout)
     width = max(len(r.name) for r in report.results)
     lines = [header(report.world)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import os
 import signal
 from dataclasses import dataclass, field
@@ -45,6 +47,15 @@ class RunOutcome:
     report: Optional[RunReport]
     exit_code: int
     message: str = ""
+
+    def reported_elsewhere(self) -> bool:
+        """True on a non-reporting rank of a joined world (rank 0 prints the report); its own message, if
+        any, is said here on stderr."""
+        if self.report is not None:
+            return False
+        if self.message:
+            print(self.message, file=sys.stderr, flush=True)
+        return True
 
 
 
