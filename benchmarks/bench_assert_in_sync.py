@@ -12,6 +12,10 @@ Prints, for the model in float32 and in bfloat16:
 * bytes exchanged per rank by ``assert_in_sync``, for this model and for a model with the same
   tensors but ~50x fewer parameters (target: proportional to the number of tensors).
 
+With ``--device cuda`` (a GPU machine), one process instead: the floor and the fingerprint of the same
+model on the GPU, timed with CUDA events, and the largest temporary from the allocator's peak
+(``--device cpu --unfused`` runs that same path on a CPU, for its own sake: not a GPU figure).
+
 Run: ``PYTHONPATH=. python benchmarks/bench_assert_in_sync.py [--layers 8 --width 1024]``.
 Needs about 1 GB of memory per rank.
 """
@@ -32,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from ddpdoctor.diagnostics.desync import assert_in_sync
-from ddpdoctor.diagnostics.fingerprint import CHUNK_BYTES, fingerprint_tensor
+from ddpdoctor.diagnostics.fingerprint import CHUNK_BYTES, fingerprint_many
 
 
 def build(layers: int, width: int) -> torch.nn.Module:
@@ -92,12 +96,50 @@ def measure(model: torch.nn.Module, repeat: int) -> dict:
     runs: dict = {"floor": [], "hashing": [], "check": []}
     for _ in range(repeat):  # interleaved, so that all three see the same machine load
         runs["floor"].append(timed(lambda: flat.sum()))
-        runs["hashing"].append(timed(lambda: [fingerprint_tensor(t) for t in tensors]))
+        runs["hashing"].append(timed(lambda: fingerprint_many(tensors)))
         runs["check"].append(timed(lambda: assert_in_sync(model)))
     out = {k: statistics.median(v) for k, v in runs.items()}
-    out["largest"] = largest_allocation(lambda: [fingerprint_tensor(t) for t in tensors])
+    out["largest"] = largest_allocation(lambda: fingerprint_many(tensors))
     out["largest_floor"] = largest_allocation(lambda: flat.sum())
     return out
+
+
+def device_rows(model: torch.nn.Module, device: str, repeat: int, fused) -> None:
+    """The floor and fingerprint_many of the model on one device, one process; prints the rows."""
+    cuda = device.startswith("cuda")
+    for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        model = model.to(device=device, dtype=dtype)
+        tensors = list(model.parameters()) + list(model.buffers())
+        flat = torch.cat([t.detach().reshape(-1) for t in model.parameters()])
+        fingerprint_many(tensors, fused=fused)  # warm-up: weight, key and pack tables
+
+        def clock(fn) -> float:
+            if cuda:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn()
+            if cuda:
+                torch.cuda.synchronize()
+            return time.perf_counter() - start
+
+        floors, hashes = [], []
+        for _ in range(repeat):  # interleaved
+            floors.append(clock(lambda: flat.sum()))
+            hashes.append(clock(lambda: fingerprint_many(tensors, fused=fused)))
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            fingerprint_many(tensors, fused=fused)
+            torch.cuda.synchronize()
+            largest = f"{(torch.cuda.max_memory_allocated() - before) / 2**20:.2f} MiB at peak above the model"
+        else:
+            largest = f"{largest_allocation(lambda: fingerprint_many(tensors, fused=fused)) / 2**20:.2f} MiB largest"
+        floor, hashing = statistics.median(floors), statistics.median(hashes)
+        label = torch.cuda.get_device_name() if cuda else f"{device} (unfused path)"
+        print(f"{name} on {label}: floor {floor * 1e3:.3f} ms; fingerprint_many of {len(tensors)} tensors "
+              f"{hashing * 1e3:.3f} ms, {hashing / floor:.2f}x the floor (target <= 3x); {largest} "
+              f"(chunk bound {CHUNK_BYTES / 2**20:.0f} MiB)")
 
 
 def rank_main(rank: int, world: int, store_path: str, big: torch.nn.Module, small: torch.nn.Module,
@@ -122,7 +164,12 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--device", default=None, help="cuda: the one-process GPU rows (see above)")
+    parser.add_argument("--unfused", action="store_true", help="with --device cpu: the GPU code path on a CPU")
     args = parser.parse_args()
+    if args.device:
+        device_rows(build(args.layers, args.width), args.device, args.repeat, False if args.unfused else None)
+        return
     world = 2
     big, small = build(args.layers, args.width), build(args.layers, 128)
     n_params = sum(p.numel() for p in big.parameters())

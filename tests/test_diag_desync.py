@@ -9,7 +9,7 @@ import torch
 import torch._dynamo  # noqa: F401 - DDP imports it on first use; once here, not in every forked rank
 
 from ddpdoctor.diagnostics.desync import DesyncError, assert_in_sync, fingerprint
-from ddpdoctor.diagnostics.fingerprint import BLOCK_WORDS, CHUNK_BYTES, COLS, fingerprint_tensor
+from ddpdoctor.diagnostics.fingerprint import BLOCK_WORDS, CHUNK_BYTES, COLS, PACK_WORDS, fingerprint_many, fingerprint_tensor
 from worlds import run_world
 
 
@@ -293,6 +293,30 @@ def test_every_code_path_gives_the_same_fingerprint():
     assert fingerprint(channels_last) == fingerprint(channels_last.contiguous())  # logical order
 
 
+def test_packed_fingerprints_equal_one_tensor_at_a_time():
+    """The GPU path (packs of small tensors, exercised here with fused=False) gives every tensor the
+    value it has alone: across pack boundaries, odd sizes, dtypes and the tensors it leaves unpacked."""
+    gen = torch.Generator().manual_seed(5)
+    half = torch.randn(9, generator=gen).half()
+    tensors = [torch.randn(n, generator=gen) for n in (1, 3, COLS - 1, COLS, COLS + 1, 5000)]
+    tensors += [torch.randn(PACK_WORDS // 2 + 7, generator=gen) for _ in range(3)]  # forces three packs
+    tensors += [torch.randn(PACK_WORDS + 1, generator=gen),  # too big for a pack: alone
+                torch.randn(6, generator=gen).bfloat16(), half[:5],  # whole words / 10 bytes: alone
+                half[1:5],  # a storage offset of 2 bytes: alone
+                torch.randn(4, 6, generator=gen).t(),  # not contiguous: alone
+                torch.zeros(0), torch.ones(12, dtype=torch.bool), torch.arange(7, dtype=torch.int64),
+                torch.randn(3, 3, dtype=torch.complex64, generator=gen)]
+    alone = [int(fingerprint_tensor(t)) for t in tensors]
+    assert fingerprint_many(tensors, fused=False).tolist() == alone
+    assert fingerprint_many(tensors).tolist() == alone
+    assert fingerprint_many(tensors, fused=False).tolist() == alone  # the tables kept from the first call
+    assert len(set(alone)) == len(alone)  # distinct tensors, distinct values: a pack mixes nothing up
+    changed = list(tensors)
+    changed[2] = _flip(tensors[2], COLS - 2, 0)
+    got = fingerprint_many(changed, fused=False).tolist()
+    assert [i for i, (a, b) in enumerate(zip(got, alone)) if a != b] == [2]
+
+
 def test_no_temporary_larger_than_the_chunk():
     from torch.profiler import ProfilerActivity, profile
 
@@ -307,6 +331,9 @@ def test_no_temporary_larger_than_the_chunk():
     assert largest(lambda: fingerprint(t)) <= CHUNK_BYTES // 8
     assert largest(lambda: fingerprint_tensor(t, fused=False)) <= CHUNK_BYTES
     assert largest(lambda: fingerprint(t[:-3].view(4, -1)[:, :-1])) <= CHUNK_BYTES  # streamed
+    small = [torch.randn(1000 + i) for i in range(3000)]  # 12 MiB of small tensors: several packs
+    fingerprint_many(small, fused=False)  # the pack tables are kept, like the weights
+    assert largest(lambda: fingerprint_many(small, fused=False)) <= CHUNK_BYTES
     assert largest(lambda: torch.cat([t, t])) >= 2 * t.numel() * 4  # the measure sees big ones
 
 

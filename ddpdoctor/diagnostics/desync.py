@@ -22,7 +22,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
-from ddpdoctor.diagnostics.fingerprint import CHUNK_BYTES, fingerprint, fingerprint_tensor, flat_pieces, strided_real
+from ddpdoctor.diagnostics.fingerprint import CHUNK_BYTES, fingerprint, fingerprint_many, flat_pieces, strided_real
 from ddpdoctor.diagnostics.wrapped import unwrap_module
 from ddpdoctor.errors import DdpdoctorError
 
@@ -95,6 +95,19 @@ class DesyncError(DdpdoctorError):
 _HINT = ("wrap the model in DistributedDataParallel before training (it broadcasts rank 0's state), "
          "seed every rank identically before building the model, and never update parameters "
          "outside the optimizer on some ranks only")
+
+
+def _fingerprints(tensors: list, device: torch.device) -> torch.Tensor:
+    """Every tensor's fingerprint (0 for None) on ``device``, hashed a device at a time (see fingerprint_many)."""
+    values = torch.zeros(len(tensors), dtype=torch.int64, device=device)
+    by_device: dict = {}
+    for i, t in enumerate(tensors):
+        if t is not None:
+            by_device.setdefault(t.device, []).append(i)
+    for index in by_device.values():
+        found = fingerprint_many([tensors[i] for i in index]).to(device)
+        values.index_copy_(0, torch.tensor(index, device=device), found)
+    return values
 
 
 def _layout_hash(name: str, t: Optional[torch.Tensor]) -> int:
@@ -235,9 +248,7 @@ def assert_in_sync(module: torch.nn.Module, *, grads: bool = False, buffers: boo
         return None
 
     shapes = torch.tensor([_layout_hash(n, t) for n, t in entries], dtype=torch.int64, device=device)
-    zero = torch.zeros((), dtype=torch.int64, device=device)
-    values = torch.stack([zero] + [zero if t is None else fingerprint_tensor(t).to(device)
-                                   for _, t in entries])[1:]
+    values = _fingerprints([t for _, t in entries], device)
     fps = torch.stack([shapes, values], dim=1).reshape(-1)
     gathered = [torch.empty_like(fps) for _ in range(world)]
     dist.all_gather(gathered, fps, group=group)

@@ -29,6 +29,15 @@ of blocks. Tensors that are not contiguous (or not aligned) are copied piece by 
 4 MiB block buffer, in logical element order. The one exception: a sparse tensor is made dense
 first. On devices other than the CPU, which have no fused integer matrix product, each block is
 hashed with a multiply and a sum, whose product is one block: again at most ``CHUNK_BYTES``.
+
+Many tensors at once (:func:`fingerprint_many`, what ``assert_in_sync`` uses): on a GPU a few kernels
+per tensor cost more than reading a ~100-tensor model once, so there the small tensors (every one that
+is contiguous, whole 32-bit words and at most ``PACK_WORDS`` words) are hashed together, a pack of
+them at a time: one copy joins their words, one multiply weighs each word by its row's weight, one
+``index_add_`` sums each tensor's columns, one product with the keys combines them: the same value,
+word for word, as one tensor at a time, in a fixed number of kernels per pack. The pack's word-to-row
+and word-to-column tables depend only on the tensors' sizes and are kept for the next call (a model's
+sizes do not change between steps).
 """
 
 from __future__ import annotations
@@ -37,7 +46,8 @@ from typing import Iterator, Optional
 
 import torch
 
-__all__ = ["fingerprint", "fingerprint_tensor", "flat_pieces", "strided_real", "CHUNK_BYTES", "COLS", "BLOCK_ROWS", "BLOCK_WORDS"]
+__all__ = ["fingerprint", "fingerprint_tensor", "fingerprint_many", "flat_pieces", "strided_real", "CHUNK_BYTES", "COLS",
+           "BLOCK_ROWS", "BLOCK_WORDS"]
 
 COLS = 1024  # 32-bit words per row
 BLOCK_ROWS = 1024  # rows per block
@@ -46,11 +56,15 @@ CHUNK_BYTES = 4 << 20  # the largest temporary the fingerprint allocates, whatev
 # Blocks per fused product: their column hashes (int32), the int64 copy, its product with the keys,
 # and the keys (int64) must each stay within CHUNK_BYTES.
 GROUP_BLOCKS = CHUNK_BYTES // (8 * COLS)  # 512 blocks (2 GiB of input) per product
+# Words per pack of small tensors in fingerprint_many: its int64 column index stays within CHUNK_BYTES.
+PACK_WORDS = CHUNK_BYTES // 8
 
 _WEIGHT_SALT = 0x5EED_D0C
 _KEY_SALT = 0x0DD_CE11 << 32
 _weights: dict[torch.device, torch.Tensor] = {}
 _keys: dict[torch.device, torch.Tensor] = {}
+_packs: dict = {}  # (device, word counts) -> (row weight per word, column slot per word); a few kept
+_PACKS_KEPT = 16
 
 
 def _signed(value: int) -> int:
@@ -92,8 +106,15 @@ def _column_hashes(blocks: torch.Tensor, w: torch.Tensor, fused: bool) -> torch.
     count, rows = blocks.shape[0], blocks.shape[1]
     if fused:  # one integer matrix product: reads each block once, writes COLS words per block
         return torch.matmul(w[:rows].view(1, 1, rows), blocks).view(count, COLS)
-    # The same value without an integer matmul (CUDA has none): the product is one group of blocks.
-    return torch.mul(blocks, w[:rows].view(1, rows, 1)).sum(dim=1, dtype=torch.int32)
+    # The same value without an integer matmul (CUDA has none): two kernels a block, into one product
+    # buffer of one block (the largest temporary) and one row of the group's hashes.
+    hashes = torch.empty(count, COLS, dtype=torch.int32, device=blocks.device)
+    product = torch.empty(rows, COLS, dtype=torch.int32, device=blocks.device)
+    weights = w[:rows].view(rows, 1)
+    for g in range(count):
+        torch.mul(blocks[g], weights, out=product)
+        torch.sum(product, dim=0, dtype=torch.int32, out=hashes[g])
+    return hashes
 
 
 def _combine(hashes: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
@@ -106,7 +127,7 @@ class _Hasher:
     def __init__(self, device: torch.device, fused: Optional[bool]) -> None:
         self.device = device
         self.fused = device.type == "cpu" if fused is None else fused
-        self.group = GROUP_BLOCKS if self.fused else 1
+        self.group = GROUP_BLOCKS
         self.w = _row_weights(device)
         self.total = torch.zeros((), dtype=torch.int64, device=device)
         self.blocks = 0  # blocks hashed so far
@@ -236,3 +257,76 @@ def fingerprint(t: torch.Tensor) -> int:
     module docstring for exactly what it guarantees).
     """
     return int(fingerprint_tensor(t))
+
+
+def _pack_tables(device: torch.device, counts: tuple) -> tuple:
+    """For words joined from tensors of ``counts`` words: each word's row weight and its column slot
+    (``tensor * COLS + column``), as one tensor at a time would use them."""
+    key = (device, counts)
+    tables = _packs.get(key)
+    if tables is None:
+        total = sum(counts)
+        owner = torch.repeat_interleave(torch.arange(len(counts), dtype=torch.int64),
+                                        torch.tensor(counts, dtype=torch.int64))
+        starts = torch.tensor([0, *counts[:-1]], dtype=torch.int64).cumsum(0)
+        local = torch.arange(total, dtype=torch.int64) - starts[owner]
+        weight = _row_weights(torch.device("cpu"))[local // COLS]
+        slot = owner * COLS + local % COLS
+        if len(_packs) >= _PACKS_KEPT:
+            _packs.pop(next(iter(_packs)))
+        tables = _packs[key] = (weight.to(device), slot.to(device))
+    return tables
+
+
+def _packable(t: torch.Tensor) -> bool:
+    """Hashed in a pack: contiguous whole 32-bit words at an aligned offset, one partial block at most."""
+    nbytes = t.numel() * t.element_size()
+    return (t.is_contiguous() and 0 < nbytes <= PACK_WORDS * 4 and nbytes % 4 == 0
+            and (t.storage_offset() * t.element_size()) % 4 == 0)
+
+
+def _hash_pack(flats: list, device: torch.device) -> torch.Tensor:
+    """The fingerprints of small tensors hashed together: the same values as one at a time."""
+    counts = tuple(t.numel() * t.element_size() // 4 for t in flats)
+    words = torch.cat([t.reshape(-1).view(torch.uint8) for t in flats]).view(torch.int32)
+    weight, slot = _pack_tables(device, counts)
+    hashes = torch.zeros(len(flats) * COLS, dtype=torch.int32, device=device)
+    hashes.index_add_(0, slot, words * weight)  # wrapping int32 sums, as the per-tensor column hashes
+    return (hashes.view(len(flats), COLS).to(torch.int64) * _block_keys(0, 1, device)).sum(dim=1)
+
+
+def fingerprint_many(tensors: list, *, fused: Optional[bool] = None) -> torch.Tensor:
+    """The fingerprints of many tensors (all on one device), as an int64 tensor of their count.
+
+    ``fingerprint_many(ts)[i] == fingerprint_tensor(ts[i])`` for every i; on devices other than the
+    CPU (or with ``fused=False``) the small tensors are hashed in packs (see the module docstring), so
+    the number of kernels grows with the model's bytes, not with its number of tensors.
+    """
+    if not tensors:
+        return torch.zeros(0, dtype=torch.int64)
+    flats = [strided_real(t) for t in tensors]
+    device = flats[0].device
+    if (device.type == "cpu" if fused is None else fused):
+        return torch.stack([fingerprint_tensor(t, fused=fused) for t in flats])
+    out = torch.zeros(len(flats), dtype=torch.int64, device=device)
+    pack: list = []
+    pack_words = 0
+
+    def flush() -> None:
+        if pack:
+            out.index_copy_(0, torch.tensor([i for i, _ in pack], device=device),
+                            _hash_pack([t for _, t in pack], device))
+            pack.clear()
+
+    for i, t in enumerate(flats):
+        if not _packable(t):
+            out[i] = fingerprint_tensor(t, fused=False)
+            continue
+        words = t.numel() * t.element_size() // 4
+        if pack_words + words > PACK_WORDS:
+            flush()
+            pack_words = 0
+        pack.append((i, t))
+        pack_words += words
+    flush()
+    return out
