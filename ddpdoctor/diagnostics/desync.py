@@ -122,27 +122,27 @@ def _versions(column: list[int]) -> list[tuple[int, ...]]:
     return [tuple(r) for r in groups.values()]
 
 
-def _max_abs_diff(t: torch.Tensor, group: Any, device: torch.device) -> float:
-    """Largest element difference across ranks, in chunks of ``_DIFF_CHUNK`` elements.
+def _max_abs_diffs(tensors: list[torch.Tensor], group: Any, device: torch.device) -> list[float]:
+    """Each tensor's largest element difference across ranks, for all the tensors in one stream of
+    chunks of ``_DIFF_CHUNK`` elements.
 
-    Each chunk is one all_reduce(MAX) of ``[x, -x, isnan, -isnan]`` in float64 (4 MiB), so the
-    number of collectives depends only on the element count, which every rank shares. Returns NaN
+    Each chunk is one all_reduce(MAX) of ``[x, -x, isnan, -isnan]`` in float64 (4 MiB) holding the
+    pieces of one or more tensors, so the number of collectives depends only on the element count,
+    which every rank shares: one in all for small tensors, whatever their number. A value is NaN
     when some ranks hold a NaN where others do not, and 0.0 when only the bits differ.
     """
-    x = strided_real(t)
-    worst = torch.zeros((), dtype=torch.float64, device=device)
-    split_nan = torch.zeros((), dtype=torch.bool, device=device)
-    segments: list[torch.Tensor] = []
+    worst = [torch.zeros((), dtype=torch.float64, device=device) for _ in tensors]
+    split_nan = [torch.zeros((), dtype=torch.bool, device=device) for _ in tensors]
+    segments: list[tuple[int, torch.Tensor]] = []  # (tensor index, piece)
     filled = 0
 
     def reduce_chunk() -> None:
-        nonlocal worst, split_nan
         import torch.distributed as dist
 
-        k = sum(s.numel() for s in segments)
+        k = sum(s.numel() for _, s in segments)
         payload = torch.empty(4 * k, dtype=torch.float64, device=device)
         values, off = payload[:k], 0
-        for s in segments:
+        for _, s in segments:
             values[off:off + s.numel()].copy_(s)
             off += s.numel()
         nan = torch.isnan(values)
@@ -153,21 +153,27 @@ def _max_abs_diff(t: torch.Tensor, group: Any, device: torch.device) -> float:
         dist.all_reduce(payload, op=dist.ReduceOp.MAX, group=group)
         hi, neg_lo = payload[:k], payload[k:2 * k]
         diff = torch.where(hi == -neg_lo, 0.0, hi + neg_lo)  # equal infinities differ by 0
-        worst = torch.maximum(worst, diff.max())
-        split_nan = split_nan | ((payload[2 * k:3 * k] > 0) & (payload[3 * k:] == 0)).any()
+        split = (payload[2 * k:3 * k] > 0) & (payload[3 * k:] == 0)
+        off = 0
+        for i, s in segments:
+            n = s.numel()
+            worst[i] = torch.maximum(worst[i], diff[off:off + n].max())
+            split_nan[i] = split_nan[i] | split[off:off + n].any()
+            off += n
 
-    for piece in flat_pieces(x):
-        pos = 0
-        while pos < piece.numel():
-            take = min(_DIFF_CHUNK - filled, piece.numel() - pos)
-            segments.append(piece[pos:pos + take])
-            filled, pos = filled + take, pos + take
-            if filled == _DIFF_CHUNK:
-                reduce_chunk()
-                segments, filled = [], 0
+    for i, t in enumerate(tensors):
+        for piece in flat_pieces(strided_real(t)):
+            pos = 0
+            while pos < piece.numel():
+                take = min(_DIFF_CHUNK - filled, piece.numel() - pos)
+                segments.append((i, piece[pos:pos + take]))
+                filled, pos = filled + take, pos + take
+                if filled == _DIFF_CHUNK:
+                    reduce_chunk()
+                    segments, filled = [], 0
     if filled:
         reduce_chunk()
-    return float("nan") if bool(split_nan) else float(worst)
+    return [float("nan") if bool(nan) else float(w) for w, nan in zip(worst, split_nan)]
 
 
 def _comm_device(group: Any, fallback: torch.device) -> torch.device:
@@ -186,7 +192,7 @@ def assert_in_sync(module: torch.nn.Module, *, grads: bool = False, buffers: boo
     tensor is fingerprinted locally; the fingerprints of all tensors travel in one ``all_gather``
     (after an agreement on the tensor count of 16 bytes per rank). The tensors themselves are
     never gathered: only for tensors whose fingerprints differ is the largest absolute difference
-    fetched, with one ``all_reduce`` each.
+    fetched, with one ``all_reduce`` per 4 MiB of their elements (one in all for small tensors).
 
     Args:
         module: the model; a DistributedDataParallel wrapper is looked through.
@@ -245,13 +251,16 @@ def assert_in_sync(module: torch.nn.Module, *, grads: bool = False, buffers: boo
     differ = (table != table[0]).any(dim=0).view(-1, 2).any(dim=1).nonzero().flatten().tolist()
 
     mismatches: list[TensorMismatch] = []
+    # the tensors whose values differ: their largest differences in one stream of all_reduces
+    valued = [i for i in differ if len(set(table[:, 2 * i].tolist())) == 1 and entries[i][1] is not None]
+    diffs = dict(zip(valued, _max_abs_diffs([entries[i][1] for i in valued], group, device))) if valued else {}
     for i in differ:
         name, t = entries[i]
         layouts = table[:, 2 * i].tolist()
         if len(set(layouts)) > 1:
             mismatches.append(TensorMismatch(name, _versions(layouts), None, "layout"))
             continue
-        diff = _max_abs_diff(t, group, device) if t is not None else 0.0
+        diff = diffs.get(i, 0.0)
         if atol > 0 and diff <= atol:
             continue
         mismatches.append(TensorMismatch(name, _versions(table[:, 2 * i + 1].tolist()), diff, "values"))

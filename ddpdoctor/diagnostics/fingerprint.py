@@ -76,13 +76,21 @@ def _row_weights(device: torch.device) -> torch.Tensor:
 
 
 def _block_keys(first: int, count: int, device: torch.device) -> torch.Tensor:
-    """Odd int64 keys of shape ``(count, COLS)`` for blocks ``first .. first+count-1``."""
-    cached = _keys.get(device)
-    if cached is None:
-        index = torch.arange(GROUP_BLOCKS * COLS, dtype=torch.int64)
-        cached = _keys[device] = (_mix(index + _KEY_SALT) | 1).view(GROUP_BLOCKS, COLS).to(device)
-    if first + count <= GROUP_BLOCKS:
-        return cached[first:first + count]
+    """Odd int64 keys of shape ``(count, COLS)`` for blocks ``first .. first+count-1``.
+
+    The keys of the first GROUP_BLOCKS blocks are cached per device, computed as far as a tensor
+    needed them (doubling): a model of small tensors computes one block's keys, not 4 MiB of them.
+    """
+    need = first + count
+    if need <= GROUP_BLOCKS:
+        cached = _keys.get(device)
+        have = 0 if cached is None else cached.shape[0]
+        if have < need:
+            size = min(GROUP_BLOCKS, max(need, 2 * have))
+            index = torch.arange(have * COLS, size * COLS, dtype=torch.int64)
+            more = (_mix(index + _KEY_SALT) | 1).view(size - have, COLS).to(device)
+            cached = _keys[device] = more if cached is None else torch.cat([cached, more])
+        return cached[first:need]
     index = torch.arange(first * COLS, (first + count) * COLS, dtype=torch.int64, device=device)
     return (_mix(index + _KEY_SALT) | 1).view(count, COLS)  # tensors over 2 GiB: computed per group
 

@@ -21,11 +21,12 @@ from typing import Any, NoReturn, Sequence
 
 from ddpdoctor.check import Check, RankContext
 from ddpdoctor.result import Outcome, Status
-from ddpdoctor.runner.channel import COUNTS, Channel, ChannelLost, connect_store, dump_counts
+from ddpdoctor.runner.channel import COUNTS, Channel, ChannelLost, connect_store, dump_counts, unpack_hosts
 from ddpdoctor.runner.options import reset_signals_in_worker
 from ddpdoctor.system.stackframes import shown_path
 
-__all__ = ["WorkerSpec", "worker_main", "run_guarded", "raised_at", "set_parent_death_signal", "EXIT_HINT"]
+__all__ = ["WorkerSpec", "worker_main", "run_guarded", "raised_at", "set_parent_death_signal", "EXIT_HINT",
+           "usable_cores"]
 
 STACK_SIGNAL = signal.SIGUSR1
 _PR_SET_PDEATHSIG = 1
@@ -175,6 +176,7 @@ def worker_main(spec: WorkerSpec) -> NoReturn:
                 break
             if directive["action"] != "run":
                 continue
+            _learn(ctx, directive)
             outcome = run_guarded(check, ctx)
             channel.put(f"result/{i}/{spec.rank}", outcome.to_dict())
             channel.enrol(f"result/{i}", spec.rank)
@@ -194,6 +196,24 @@ def worker_main(spec: WorkerSpec) -> NoReturn:
             os._exit(code)
 
 
+def _learn(ctx: RankContext, directive: dict) -> None:
+    """What a run directive tells the rank (lockstep.py): the check's deadline and the world's facts."""
+    ctx.deadline = float(directive.get("deadline", ctx.timeout))
+    world = directive.get("world") or {}
+    if "hosts" in world:
+        ctx.hosts = unpack_hosts(world["hosts"])
+    if world.get("ranks_per_core") is not None:
+        ctx.ranks_per_core = float(world["ranks_per_core"])
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 def _hello(spec: WorkerSpec) -> dict[str, Any]:
     from ddpdoctor.system import nvml
 
@@ -202,5 +222,7 @@ def _hello(spec: WorkerSpec) -> dict[str, Any]:
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "local_rank": spec.local_rank,
+        "local_world_size": spec.local_world_size,
+        "cpus": usable_cores(),
         "gpus": nvml.load().device_count(),
     }
