@@ -210,9 +210,11 @@ class Coordinator:
         """Say so when the deadline was scaled; on a timeout in a crowded world, say that it may only
         be slow (the ranks take turns on the cores), with the numbers, instead of a bare hang."""
         scaled = deadline > self.timeout * 1.001
-        note = (f"deadline {deadline:g}s: --timeout {self.timeout:g}s scaled {deadline / self.timeout:.1f}x for "
-                f"this world ({self.ranks_per_core:.3g} ranks per core, collectives measured at up to "
-                f"{self.latency:.2f}s each; at most {MAX_SCALE:g}x)") if scaled else ""
+        measured = (f"collectives measured at up to {self.latency:.2f}s each" if self.latency >= 0.005
+                    else "no collective measured yet")
+        note = (f"deadline {deadline:.0f}s: --timeout {self.timeout:g}s scaled {deadline / self.timeout:.1f}x for "
+                f"this world ({self.ranks_per_core:.3g} ranks per core, {measured}; at most "
+                f"{MAX_SCALE:g}x)") if scaled else ""
         if not (trouble and result.status == Status.TIMEOUT and self.ranks_per_core >= CROWDED):
             return replace(result, details=result.details + (note,)) if note else result
         cores = self.world.world_size / max(self.ranks_per_core, 1e-9)
@@ -300,7 +302,7 @@ class Coordinator:
             self.channel.put(f"halt/{r}", {})
             self.channel.enrol("halt", r, counted=True)
         if ranks:
-            self.supervisor.poll()
+            self.supervisor.poll(now=True)
 
     def _stacks(self, ranks: Sequence[int]) -> dict[int, str]:
         for r in ranks:
@@ -309,7 +311,7 @@ class Coordinator:
         out: dict[int, str] = {}
         deadline = time.monotonic() + STACK_WAIT
         while len(out) < len(ranks) and time.monotonic() < deadline:
-            self.supervisor.poll()
+            self.supervisor.poll(now=True)
             for r in ranks:
                 if r not in out and self.channel.has(f"stack/{r}"):
                     out[r] = self.channel.get(f"stack/{r}")["stack"]
