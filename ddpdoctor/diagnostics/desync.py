@@ -255,7 +255,7 @@ def assert_in_sync(module: torch.nn.Module, *, grads: bool = False, buffers: boo
     valued = [i for i in differ if len(set(table[:, 2 * i].tolist())) == 1 and entries[i][1] is not None]
     diffs = dict(zip(valued, _max_abs_diffs([entries[i][1] for i in valued], group, device))) if valued else {}
     for i in differ:
-        name, t = entries[i]
+        name = entries[i][0]
         layouts = table[:, 2 * i].tolist()
         if len(set(layouts)) > 1:
             mismatches.append(TensorMismatch(name, _versions(layouts), None, "layout"))

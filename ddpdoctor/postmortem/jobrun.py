@@ -140,7 +140,7 @@ def _torch_version() -> tuple:
             path = os.path.join(folder, "version.py")
             if os.path.isfile(path):
                 with open(path, encoding="utf-8") as f:
-                    m = re.search(r"^__version__\s*=\s*['\"](\d+)\.(\d+)", f.read(), re.M)
+                    m = re.search(r"^__version__\s*=\s*['\"](\d+)\.(\d+)", f.read(), re.MULTILINE)
                 if m:
                     return int(m.group(1)), int(m.group(2))
     except (ImportError, ValueError, OSError):

@@ -51,7 +51,7 @@ def dump_counts(label: str) -> None:
         pass
 
 
-def pack_hosts(hosts: "dict[int, str]", world_size: int) -> dict:
+def pack_hosts(hosts: dict[int, str], world_size: int) -> dict:
     """Every rank's host in rank order, compactly: the distinct names, and runs of consecutive ranks
     on one host as ``[name index, count]`` (a rank that never arrived: index -1). One node of 128
     ranks packs to one name and one run."""
