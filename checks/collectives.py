@@ -208,14 +208,17 @@ class CollectivesCheck(Check):
         found["collective_seconds"] = round((time.monotonic() - started) / max(self._seq, 1), 4)
         # Measured progress decides the timed pass: the time per collective so far, times the calls
         # the pass makes, must end within TIMED_SHARE of the deadline (rank 0 decides for everyone).
-        # A crowded world without --min-busbw times all_reduce only: it gets no straggler verdict
-        # (ranks taking turns on shared cores are late by turns), so the other rows would only add time.
+        # A crowded CPU world skips it unless --min-busbw asks for the bandwidth: its ranks take turns
+        # on shared cores, so the time measures the scheduler, not the link, and it gets no straggler
+        # verdict (they are late by turns); the pass would only add collectives.
         iters, warmup = (self.iters, self.warmup) if self.shrink < CROWDED else (3, 1)
-        timed = TIMED if self.shrink < CROWDED or ctx.options.get("min_busbw") is not None else TIMED[:1]
         spent = time.monotonic() - started
-        projected = spent + spent / max(self._seq, 1) * len(timed) * (iters + warmup + 1)
-        if self._decide(ctx, projected <= TIMED_SHARE * ctx.deadline, "timed pass"):
-            self._timings(ctx, world, found, iters, warmup, timed)
+        projected = spent + spent / max(self._seq, 1) * len(TIMED) * (iters + warmup + 1)
+        if ctx.device == "cpu" and self.shrink >= CROWDED and ctx.options.get("min_busbw") is None:
+            found["skipped"].append(f"timed pass: {ctx.world_size} ranks share the CPU cores, so a collective's time "
+                                    "measures their turns on the cores, not the link (--min-busbw runs it)")
+        elif self._decide(ctx, projected <= TIMED_SHARE * ctx.deadline, "timed pass"):
+            self._timings(ctx, world, found, iters, warmup)
         else:
             found["skipped"].append(f"timed pass: projected to end at {projected:.1f}s of the {ctx.deadline:g}s "
                                     f"deadline ({ctx.world_size} ranks; the exact-result passes took {spent:.1f}s)")
@@ -294,9 +297,8 @@ class CollectivesCheck(Check):
                 groups.append(Group(tuple(ranks), ranks.index(ctx.rank), pg, label))
         return groups
 
-    def _timings(self, ctx: RankContext, world: Group, found: dict, iters: int, warmup: int,
-                 ops: Sequence[str] = TIMED) -> None:
-        for op in ops:
+    def _timings(self, ctx: RankContext, world: Group, found: dict, iters: int, warmup: int) -> None:
+        for op in TIMED:
             step = build_step(op, "float32", scaled_count(TIMED_COUNT, self.shrink, SIZES[1]), world, ctx.device)
             self._seq += 1
             self._record(ctx, step.label, "world, timed")

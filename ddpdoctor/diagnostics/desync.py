@@ -1,9 +1,10 @@
 """Are parameters, buffers and gradients identical on every rank? Find out without gathering them.
 
 :func:`assert_in_sync` reduces every tensor to a small fingerprint of its raw bytes, exchanges the
-fingerprints of all tensors in one ``all_gather``, and only when fingerprints differ fetches the
-largest absolute difference of the tensors concerned. The bytes exchanged grow with the number of
-tensors, not with the number of parameters.
+fingerprints in one small ``all_gather`` (a digest of them all when the ranks agree; every tensor's
+when they do not), and only when fingerprints differ fetches the largest absolute difference of the
+tensors concerned. In sync, a rank sends 24 bytes whatever the model; otherwise the bytes grow with
+the number of tensors, never with the number of parameters.
 
 The fingerprint (:mod:`ddpdoctor.diagnostics.fingerprint`) reads each tensor's bytes once, in
 place, with no temporary larger than 4 MiB, and compares bits, not values: any change to one 32-bit
@@ -22,7 +23,8 @@ from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
-from ddpdoctor.diagnostics.fingerprint import CHUNK_BYTES, fingerprint, fingerprint_tensor, flat_pieces, strided_real
+from ddpdoctor.diagnostics.fingerprint import (CHUNK_BYTES, combine_fingerprints, fingerprint, fingerprint_tensor,
+                                               flat_pieces, strided_real)
 from ddpdoctor.diagnostics.wrapped import unwrap_module
 from ddpdoctor.errors import DdpdoctorError
 
@@ -189,10 +191,12 @@ def assert_in_sync(module: torch.nn.Module, *, grads: bool = False, buffers: boo
     """Check that every rank holds the same parameters (and buffers, and gradients).
 
     Call it on every rank at the same point of the training loop (it is a collective). Each
-    tensor is fingerprinted locally; the fingerprints of all tensors travel in one ``all_gather``
-    (after an agreement on the tensor count of 16 bytes per rank). The tensors themselves are
-    never gathered: only for tensors whose fingerprints differ is the largest absolute difference
-    fetched, with one ``all_reduce`` per 4 MiB of their elements (one in all for small tensors).
+    tensor is fingerprinted locally; one ``all_gather`` of 24 bytes per rank (the tensor count, a
+    layout hash and a digest of all fingerprints) settles the common case, in sync. Only when the
+    ranks differ do the fingerprints of all tensors travel, in a second ``all_gather`` (16 bytes
+    per tensor). The tensors themselves are never gathered: only for tensors whose fingerprints
+    differ is the largest absolute difference fetched, with one ``all_reduce`` per 4 MiB of their
+    elements (one in all for small tensors).
 
     Args:
         module: the model; a DistributedDataParallel wrapper is looked through.
@@ -226,7 +230,14 @@ def assert_in_sync(module: torch.nn.Module, *, grads: bool = False, buffers: boo
     device = _comm_device(group, local_device)
 
     layout = zlib.crc32("\n".join(f"{n}:{_layout_hash(n, t)}" for n, t in entries).encode())
-    header = torch.tensor([len(entries), layout], dtype=torch.int64, device=device)
+    shapes = torch.tensor([_layout_hash(n, t) for n, t in entries], dtype=torch.int64, device=device)
+    zero = torch.zeros((), dtype=torch.int64, device=device)
+    values = torch.stack([zero] + [zero if t is None else fingerprint_tensor(t).to(device)
+                                   for _, t in entries])[1:]
+    # One exchange when the ranks agree: the tensor count, the layout and a digest of every fingerprint
+    # (24 bytes per rank); the per-tensor fingerprints travel only when some rank's differ.
+    header = torch.stack([torch.tensor(len(entries), dtype=torch.int64, device=device),
+                          torch.tensor(layout, dtype=torch.int64, device=device), combine_fingerprints(values)])
     headers = [torch.empty_like(header) for _ in range(world)]
     dist.all_gather(headers, header, group=group)
     counts = [int(h[0]) for h in headers]
@@ -237,13 +248,9 @@ def assert_in_sync(module: torch.nn.Module, *, grads: bool = False, buffers: boo
             versions, None, "layout")],
             hint="build the same model on every rank: the ranks disagree on the number of "
                  "parameters and buffers")
-    if not entries:
+    if not entries or all(torch.equal(h, headers[0]) for h in headers[1:]):
         return None
 
-    shapes = torch.tensor([_layout_hash(n, t) for n, t in entries], dtype=torch.int64, device=device)
-    zero = torch.zeros((), dtype=torch.int64, device=device)
-    values = torch.stack([zero] + [zero if t is None else fingerprint_tensor(t).to(device)
-                                   for _, t in entries])[1:]
     fps = torch.stack([shapes, values], dim=1).reshape(-1)
     gathered = [torch.empty_like(fps) for _ in range(world)]
     dist.all_gather(gathered, fps, group=group)

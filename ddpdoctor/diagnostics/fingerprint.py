@@ -37,7 +37,8 @@ from typing import Iterator, Optional
 
 import torch
 
-__all__ = ["fingerprint", "fingerprint_tensor", "flat_pieces", "strided_real", "CHUNK_BYTES", "COLS", "BLOCK_ROWS", "BLOCK_WORDS"]
+__all__ = ["fingerprint", "fingerprint_tensor", "combine_fingerprints", "flat_pieces", "strided_real", "CHUNK_BYTES",
+           "COLS", "BLOCK_ROWS", "BLOCK_WORDS"]
 
 COLS = 1024  # 32-bit words per row
 BLOCK_ROWS = 1024  # rows per block
@@ -235,6 +236,20 @@ def fingerprint_tensor(t: torch.Tensor, *, fused: Optional[bool] = None) -> torc
             return hasher.total
     _streamed(flat, hasher)
     return hasher.total
+
+
+_DIGEST_SALT = 0xD16E57 << 40
+
+
+def combine_fingerprints(values: torch.Tensor) -> torch.Tensor:
+    """One 64-bit digest of a 1-D int64 tensor of fingerprints, in order: ``sum key[i] * values[i]``
+    modulo 2**64 with fixed odd keys (0-dim int64, on the values' device, no host synchronization).
+
+    A change to any one fingerprint always changes the digest (an odd key times a non-zero
+    difference is non-zero modulo 2**64); changes to several cancel only if 64-bit sums collide.
+    """
+    index = torch.arange(values.numel(), dtype=torch.int64, device=values.device)
+    return ((_mix(index + _DIGEST_SALT) | 1) * values.reshape(-1)).sum()
 
 
 def fingerprint(t: torch.Tensor) -> int:
