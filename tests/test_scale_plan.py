@@ -200,3 +200,18 @@ def test_the_command_exits_with_its_code_after_the_exit_handlers(tmp_path):
                        capture_output=True, text=True, timeout=25, check=False)
     assert p.returncode == 2 and "no check named 'nope'" in p.stderr
     assert (tmp_path / "ran").exists()
+
+
+@pytest.mark.timeout(20)
+def test_a_crowded_cpu_node_pins_each_rank_to_one_core():
+    code = textwrap.dedent("""
+        import os, sys
+        from ddpdoctor.runner.worker import pin_crowded
+        cores = [0, 1]  # as if the node had two cores
+        os.sched_setaffinity(0, {0})  # every test machine has core 0
+        print(pin_crowded(0, 4, "gloo", cores), pin_crowded(0, 16, "nccl", cores), pin_crowded(2, 16, "gloo", [0]),
+              sorted(os.sched_getaffinity(0)))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=15, check=False)
+    # 2 ranks per core: left alone; NCCL ranks: left alone; 16 on one core: pinned to it
+    assert out.stdout.split() == ["False", "False", "True", "[0]"], out.stderr
