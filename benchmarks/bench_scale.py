@@ -174,7 +174,8 @@ def _default(args: argparse.Namespace, floor_of: dict) -> bool:
         added = "-" if base is None else f"{(wall - base[1]) / (n - base[0]):.3f}"
         base = base or (n, wall)
         ratio = f"{wall / floor_of[n]:.2f}x" if n in floor_of else "-"
-        print(f"{n:>5}  {wall:>9.2f}  {ratio:>8}  {added:>12}  {msgs:>9.1f}  {pss:>12.1f}  {scale:>7.1f}x  "
+        memory = f"{pss:.1f}" if pss else "-"  # none when the run ended before the first sample
+        print(f"{n:>5}  {wall:>9.2f}  {ratio:>8}  {added:>12}  {msgs:>9.1f}  {memory:>12}  {scale:>7.1f}x  "
               f"exit {rc}: {last[0].strip()}" + "".join(f"\n       {b}" for b in bad), flush=True)
         failed |= rc != 0
     return failed

@@ -64,12 +64,12 @@ def _scale(out: str) -> list[Row]:
                           for n, _, w, a, _, _, _, _ in found)
         floors = ", ".join(f"{int(n)}: {float(f):.2f} s" for n, f, _, _, _, _, _, _ in found)
         rows.append(("control plane wall time by ranks (time per rank added)", f"{times}; floor {floors}", "-", "-"))
-    for m in re.finditer(r"^\s*(\d+)\s+([\d.]+)\s+([\d.]+x|-)\s+(-|[\d.-]+)\s+([\d.]+|nan)\s+([\d.]+)\s+"
+    for m in re.finditer(r"^\s*(\d+)\s+([\d.]+)\s+([\d.]+x|-)\s+(-|[\d.-]+)\s+([\d.]+|nan)\s+([\d.]+|-)\s+"
                          r"([\d.]+|nan)x\s+exit (\d+): (.*)$", out, re.M):
         n, wall, ratio, added, msgs, pss, scale, rc, last = m.groups()
         extra = [f"{ratio} the floor" if ratio != "-" else "",
                  f"+{float(added) * 1000:.0f} ms/rank" if added != "-" else "",
-                 f"{msgs} store messages/rank", f"{pss} MiB/rank (PSS)",
+                 f"{msgs} store messages/rank", f"{pss} MiB/rank (PSS)" if pss != "-" else "",
                  f"deadline scaled {scale}x" if scale not in ("1.0", "nan") else ""]
         rows.append((f"every default check at {n} ranks", f"{wall} s ({', '.join(e for e in extra if e)}), "
                      f"{last.strip()}", "passes, no timeout", _met(rc == "0")))
