@@ -117,6 +117,13 @@ def _jobrun(out: str) -> list[Row]:
     if m:
         rows.append(("`ddpdoctor run` around torchrun of a 2-rank, 200-step DDP loop (wall)",
                      f"**{m.group(1)}%** (the loop itself {m.group(2)}%)", "<= 2%", _met(float(m.group(1)) <= 2.0)))
+    m = re.search(r"paired: median of the (\d+) pairs' wall ratios ([+-][\d.]+)%", out)
+    if m:
+        rows.append((f"the same, median of {m.group(1)} back-to-back pairs' ratios", f"**{m.group(2)}%**", "<= 2%",
+                     _met(float(m.group(2)) <= 2.0)))
+    m = re.search(r"fixed cost around `python -c pass`: median (\d+) ms", out)
+    if m:
+        rows.append(("`ddpdoctor run`'s own start and end (around `python -c pass`)", f"{m.group(1)} ms", "-", "-"))
     m = re.search(r"hang to verdict: (.*?) s with --hang-timeout ([\d.]+)", out)
     if m:
         rows.append((f"from a hang to the verdict, --hang-timeout {m.group(2)}", f"{m.group(1)} s", "-", "-"))
