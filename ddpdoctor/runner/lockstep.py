@@ -163,7 +163,9 @@ class Coordinator:
                 result, trouble = self._collect(i, check, deadline)
                 result = self._with_deadline(result, deadline, bool(trouble))
                 self._measured(result)
-                if trouble:
+                if trouble and result.finding == "world-too-slow":
+                    aborted = f"not run: '{check.name}' ran out of time in a world too slow for the deadline"
+                elif trouble:
                     aborted = f"not run: {trouble} during '{check.name}'"
             if check.name == "process-group" and result.status >= Status.FAIL:
                 pg_broken = pg_broken or "the process-group check failed"
@@ -212,13 +214,13 @@ class Coordinator:
         scaled = deadline > self.timeout * 1.001
         measured = (f"collectives measured at up to {self.latency:.2f}s each" if self.latency >= 0.005
                     else "no collective measured yet")
-        note = (f"deadline {deadline:.0f}s: --timeout {self.timeout:g}s scaled {deadline / self.timeout:.1f}x for "
+        note = (f"deadline {_seconds(deadline)}: --timeout {self.timeout:g}s scaled {deadline / self.timeout:.1f}x for "
                 f"this world ({self.ranks_per_core:.3g} ranks per core, {measured}; at most "
                 f"{MAX_SCALE:g}x)") if scaled else ""
         if not (trouble and result.status == Status.TIMEOUT and self.ranks_per_core >= CROWDED):
             return replace(result, details=result.details + (note,)) if note else result
         cores = self.world.world_size / max(self.ranks_per_core, 1e-9)
-        slow = (f"too slow to finish within {deadline:g}s, perhaps not hung: {self.world.world_size} ranks "
+        slow = (f"too slow to finish within {_seconds(deadline)}, perhaps not hung: {self.world.world_size} ranks "
                 f"share about {cores:.0f} CPU cores ({self.ranks_per_core:.3g} per core), so every collective "
                 f"waits for each rank's turn on a core")
         return replace(result, summary=f"{slow}; {result.summary}", finding="world-too-slow",
@@ -356,6 +358,10 @@ class Coordinator:
     def finish(self, exit_code: int) -> None:
         """Tell every supervisor the run is over and with which exit code."""
         self.channel.put("final", {"exit_code": int(exit_code)})
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.0f}s" if value >= 10 else f"{value:.2g}s"
 
 
 def interrupted_results(checks: Sequence[Check], done: Sequence[CheckResult], running: Optional[str],
