@@ -60,6 +60,12 @@ def timed(cmd: list, env: dict) -> tuple:
     return wall, loop
 
 
+def _wall(cmd: list, env: dict) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - t0
+
+
 def hang_to_verdict(script: str, tmp: str, hang_timeout: float, env: dict) -> float:
     stamp = os.path.join(tmp, "hang-started")
     cmd = [sys.executable, "-m", "ddpdoctor", "run", "--hang-timeout", str(hang_timeout), "--dir",
@@ -107,6 +113,21 @@ def main() -> None:
         l1 = statistics.median([lo for _, lo in rows["ddpdoctor run"]])
         print(f"overhead: wall {100 * (w1 / w0 - 1):+.1f}%, training loop {100 * (l1 / l0 - 1):+.1f}% "
               f"(target <= 2%)")
+        # Each pair ran back to back: on a machine whose load drifts, the median of the pairs' ratios
+        # is steadier than the ratio of the medians.
+        paired = statistics.median(b[0] / a[0] for a, b in zip(rows["plain"], rows["ddpdoctor run"]))
+        print(f"paired: median of the {args.repeat} pairs' wall ratios {100 * (paired - 1):+.1f}%")
+        # The wrapper's own fixed cost (its start before the launcher, its end after): around a
+        # command that does nothing but start Python.
+        bare = [sys.executable, "-c", "pass"]
+        fixed = []
+        for i in range(args.repeat):
+            a = _wall(bare, env)
+            b = _wall([sys.executable, "-m", "ddpdoctor", "run", "--dir", os.path.join(tmp, f"bare{i}"), "--",
+                       *bare], env)
+            fixed.append(b - a)
+        print(f"the wrapper's fixed cost around `python -c pass`: median {statistics.median(fixed) * 1000:.0f} ms "
+              f"(min {min(fixed) * 1000:.0f} ms) over {args.repeat} pairs")
         lat = [hang_to_verdict(script, tmp, args.hang_timeout, env) for _ in range(3)]
         print(f"hang to verdict: {', '.join(f'{x:.2f}' for x in lat)} s with --hang-timeout {args.hang_timeout:g} "
               f"(detection beyond the timeout: median {statistics.median(lat) - args.hang_timeout:.2f} s)")

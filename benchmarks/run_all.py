@@ -64,10 +64,15 @@ def _scale(out: str) -> list[Row]:
                           for n, _, w, a, _, _, _, _ in found)
         floors = ", ".join(f"{int(n)}: {float(f):.2f} s" for n, f, _, _, _, _, _, _ in found)
         rows.append(("control plane wall time by ranks (time per rank added)", f"{times}; floor {floors}", "-", "-"))
-    for m in re.finditer(r"^\s*(\d+)\s+([\d.]+)\s+exit (\d+): (.*)$", out, re.M):
-        n, wall, rc, last = m.groups()
-        rows.append((f"every default check at {n} ranks", f"{wall} s, {last.strip()}", "passes, no timeout",
-                     _met(rc == "0")))
+    for m in re.finditer(r"^\s*(\d+)\s+([\d.]+)\s+([\d.]+x|-)\s+(-|[\d.-]+)\s+([\d.]+|nan)\s+([\d.]+|-)\s+"
+                         r"([\d.]+|nan)x\s+exit (\d+): (.*)$", out, re.M):
+        n, wall, ratio, added, msgs, pss, scale, rc, last = m.groups()
+        extra = [f"{ratio} the floor" if ratio != "-" else "",
+                 f"+{float(added) * 1000:.0f} ms/rank" if added != "-" else "",
+                 f"{msgs} store messages/rank", f"{pss} MiB/rank (PSS)" if pss != "-" else "",
+                 f"deadline scaled {scale}x" if scale not in ("1.0", "nan") else ""]
+        rows.append((f"every default check at {n} ranks", f"{wall} s ({', '.join(e for e in extra if e)}), "
+                     f"{last.strip()}", "passes, no timeout", _met(rc == "0")))
     return rows
 
 
@@ -112,6 +117,13 @@ def _jobrun(out: str) -> list[Row]:
     if m:
         rows.append(("`ddpdoctor run` around torchrun of a 2-rank, 200-step DDP loop (wall)",
                      f"**{m.group(1)}%** (the loop itself {m.group(2)}%)", "<= 2%", _met(float(m.group(1)) <= 2.0)))
+    m = re.search(r"paired: median of the (\d+) pairs' wall ratios ([+-][\d.]+)%", out)
+    if m:
+        rows.append((f"the same, median of {m.group(1)} back-to-back pairs' ratios", f"**{m.group(2)}%**", "<= 2%",
+                     _met(float(m.group(2)) <= 2.0)))
+    m = re.search(r"fixed cost around `python -c pass`: median (\d+) ms", out)
+    if m:
+        rows.append(("`ddpdoctor run`'s own start and end (around `python -c pass`)", f"{m.group(1)} ms", "-", "-"))
     m = re.search(r"hang to verdict: (.*?) s with --hang-timeout ([\d.]+)", out)
     if m:
         rows.append((f"from a hang to the verdict, --hang-timeout {m.group(2)}", f"{m.group(1)} s", "-", "-"))
@@ -121,7 +133,7 @@ def _jobrun(out: str) -> list[Row]:
 # name -> (script, quick args, full args, parser)
 BENCHES: dict[str, tuple[str, list, list, Callable[[str], list[Row]]]] = {
     "check": ("bench_check.py", ["--repeat", "3"], ["--repeat", "7"], _check),
-    "scale": ("bench_scale.py", ["--ranks", "2", "8", "32", "--repeat", "1", "--default"],
+    "scale": ("bench_scale.py", ["--ranks", "2", "8", "32", "128", "--repeat", "1", "--default"],
               ["--ranks", "2", "8", "32", "128", "--repeat", "3", "--default"], _scale),
     "collectives": ("bench_collectives.py", ["--rounds", "5", "--repeat", "3"], [], _collectives),
     "gather": ("bench_gather.py", ["--repeat", "10"], [], _gather),

@@ -44,6 +44,8 @@ CPU_SLACK = 4.0  # a CPU world may spend this many times the 2-rank world's coll
 CROWDED = 4.0  # work_shrink from which a CPU world checks fewer cases and times fewer calls (see cases)
 PACKED = 256.0  # work_shrink from which a CPU world checks each operation once (see cases)
 TIMED_SHARE = 0.5  # the timed pass runs only if it is projected to end within this share of the deadline
+CHECKED_SHARE = 0.5  # a crowded world's later tiers of exact-result cases must fit this share of the deadline
+CROWDED_LARGE = ("all_reduce(sum)", "all_gather(tensor)", "reduce_scatter")  # DDP's and FSDP's operations
 STRAGGLER_FLOOR_US = 2000.0  # a rank must be this much later than the median (or one call) to count
 
 WRONG_HINT = ("{ranks} received wrong data: rerun with NCCL_DEBUG=INFO, check that node's GPUs for ECC/Xid "
@@ -119,6 +121,14 @@ class CollectivesCheck(Check):
         value = {"seq": self._seq, "prev": self._last, "op": op, "group": group}
         ctx.store.set(progress_key(self.name, ctx.rank), json.dumps(value))
 
+    def _decide(self, ctx: RankContext, yes: bool, what: str) -> bool:
+        """Rank 0's ``yes`` on every rank (a broadcast, recorded as progress like any operation)."""
+        self._seq += 1
+        self._record(ctx, f"broadcast(plan: {what})", "world")
+        yes = _rank0_says(ctx, yes)
+        self._last = self._seq
+        return yes
+
     def cases(self, group: Group) -> list[tuple[str, str, int]]:
         """(op, dtype, count) in run order. In the world: every op in float32 at all 3 sizes, in the
         other dtypes at the odd size, and all_reduce(sum) at the large size in every dtype. In the
@@ -126,10 +136,12 @@ class CollectivesCheck(Check):
 
         A crowded CPU world (``shrink >= CROWDED``: e.g. 8 or more ranks on 2 cores, 32 on 16), where every
         collective's latency is the time for its ranks to get a core in turn, checks fewer cases:
-        float32 at the odd and large sizes (the small size exercises the same path as the odd one),
-        and the other dtypes in all_reduce(sum) and all_gather(tensor) only. A packed one
+        float32 at the odd size (the small size exercises the same path), at the large size only in
+        the operations DDP and FSDP use (all_reduce(sum), all_gather(tensor), reduce_scatter), and
+        the other dtypes in all_reduce(sum) and all_gather(tensor) only. A packed one
         (``shrink >= PACKED``: e.g. 64 ranks or more on 2 cores) checks every operation once in
-        float32 at the odd size and the other dtypes in all_reduce(sum) only.
+        float32 at the odd size and the other dtypes in all_reduce(sum) only. In both, the cases run
+        in tiers (:meth:`tiers`) and a later tier runs only if it fits the deadline.
         """
         world = group.label == "world"
         crowded = self.shrink >= CROWDED
@@ -145,7 +157,7 @@ class CollectivesCheck(Check):
                 if dtype == "float32":
                     counts = [small, odd, large] if world else [small, odd]
                     if crowded:
-                        counts = counts[1:2] if packed else counts[1:]
+                        counts = counts[1:2] if packed or op not in CROWDED_LARGE else counts[1:]
                 elif packed and op != "all_reduce(sum)":
                     counts = []
                 elif packed:
@@ -157,28 +169,58 @@ class CollectivesCheck(Check):
                 out.extend((op, dtype, count) for count in counts)
         return out
 
+    def tiers(self, cases: Sequence[tuple[str, str, int]]) -> list[list[tuple[str, str, int]]]:
+        """The cases in the order they run, in tiers: one tier (``cases`` as given) in a world that is
+        not crowded; in a crowded one, every operation once in float32 at the odd size, then the
+        other dtypes, then the other sizes. A later tier runs only if it is projected to fit."""
+        if self.shrink < CROWDED:
+            return [list(cases)]
+        odd = SIZES[1]
+        first = [c for c in cases if c[1] == "float32" and c[2] in (odd, 0)]
+        dtypes = [c for c in cases if c[1] != "float32"]
+        sizes = [c for c in cases if c not in first and c not in dtypes]
+        return [t for t in (first, dtypes, sizes) if t]
+
     def run(self, ctx: RankContext) -> Outcome:
         ctx.process_group()
         started = time.monotonic()
         self._seq = self._last = 0
         world = Group(tuple(range(ctx.world_size)), ctx.rank)
-        self.shrink = work_shrink(ctx.world_size, _agreed_max(ctx, _ranks_per_core(ctx)), ctx.device)
+        per_core = ctx.ranks_per_core if ctx.ranks_per_core is not None else _agreed_max(ctx, _ranks_per_core(ctx))
+        self.shrink = work_shrink(ctx.world_size, per_core, ctx.device)
         found: dict[str, Any] = {"checked": 0, "wrong": [], "skipped": [], "timings": [], "groups": ["world"],
                                  "shrink": self.shrink}
-        self._correctness(ctx, world, self.cases(world), found)
+        tiers = self.tiers(self.cases(world))
+        for n, tier in enumerate(tiers):
+            if n > 0:  # rank 0 decides from its own progress (the ranks move in lockstep) and says so
+                spent = time.monotonic() - started
+                projected = spent + spent / max(self._seq, 1) * len(tier)
+                if not self._decide(ctx, projected <= CHECKED_SHARE * ctx.deadline, "next tier"):
+                    left = sum(len(t) for t in tiers[n:])
+                    found["skipped"].append(f"{count(left, 'case')} in other dtypes and sizes: the "
+                                            f"{ctx.world_size} ranks' collectives take {spent / max(self._seq, 1):.2f}s "
+                                            f"each, more would not fit the {ctx.deadline:g}s deadline")
+                    break
+            self._correctness(ctx, world, tier, found)
         for group in self._node_groups(ctx, found):
             found["groups"].append(group.label)
             self._correctness(ctx, group, self.cases(group), found)
-        # Measured progress decides the timed pass: the slowest rank's time per collective so far,
-        # times the calls the pass makes, must end within TIMED_SHARE of the deadline (every rank
-        # gets the same answer from the same all_reduce).
+        found["collective_seconds"] = round((time.monotonic() - started) / max(self._seq, 1), 4)
+        # Measured progress decides the timed pass: the time per collective so far, times the calls
+        # the pass makes, must end within TIMED_SHARE of the deadline (rank 0 decides for everyone).
+        # A crowded CPU world skips it unless --min-busbw asks for the bandwidth: its ranks take turns
+        # on shared cores, so the time measures the scheduler, not the link, and it gets no straggler
+        # verdict (they are late by turns); the pass would only add collectives.
         iters, warmup = (self.iters, self.warmup) if self.shrink < CROWDED else (3, 1)
-        spent = _agreed_max(ctx, time.monotonic() - started)
+        spent = time.monotonic() - started
         projected = spent + spent / max(self._seq, 1) * len(TIMED) * (iters + warmup + 1)
-        if projected <= TIMED_SHARE * ctx.timeout:
+        if ctx.device == "cpu" and self.shrink >= CROWDED and ctx.options.get("min_busbw") is None:
+            found["skipped"].append(f"timed pass: {ctx.world_size} ranks share the CPU cores, so a collective's time "
+                                    "measures their turns on the cores, not the link (--min-busbw runs it)")
+        elif self._decide(ctx, projected <= TIMED_SHARE * ctx.deadline, "timed pass"):
             self._timings(ctx, world, found, iters, warmup)
         else:
-            found["skipped"].append(f"timed pass: projected to end at {projected:.1f}s of the {ctx.timeout:g}s "
+            found["skipped"].append(f"timed pass: projected to end at {projected:.1f}s of the {ctx.deadline:g}s "
                                     f"deadline ({ctx.world_size} ranks; the exact-result passes took {spent:.1f}s)")
         if found["wrong"]:
             first = found["wrong"][0]
@@ -221,6 +263,9 @@ class CollectivesCheck(Check):
         fake = ctx.options.get("fake_local_world_size")
         if fake:
             nodes = [r // int(fake) for r in range(n)]
+        elif len(ctx.hosts) == n and all(ctx.hosts):  # the runner told every rank (no collective)
+            order = list(dict.fromkeys(ctx.hosts))
+            nodes = [order.index(h) for h in ctx.hosts]
         else:
             from ddpdoctor.dist.gathering import gather_object  # torch's all_gather_object needs numpy
 
@@ -527,6 +572,19 @@ def _ranks_per_core(ctx: RankContext) -> float:
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
     return max(ctx.local_world_size, 1) / max(cores, 1)
+
+
+def _rank0_says(ctx: RankContext, yes: bool) -> bool:
+    """Rank 0's ``yes`` on every rank (one broadcast of one integer: a plan every rank shares).
+
+    A broadcast rather than an all_reduce: on a crowded world an all_reduce is a ring of 2(n-1)
+    turns on the cores (seconds at 128 ranks on 2 cores), a broadcast one turn per rank."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([1 if yes else 0], dtype=torch.int64, device=ctx.device)
+    dist.broadcast(t, src=0)
+    return bool(t.item())
 
 
 def _agreed_max(ctx: RankContext, value: float) -> float:

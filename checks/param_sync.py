@@ -122,7 +122,12 @@ class ParamSyncCheck(ModelCheck):
 
     def _train(self, ctx: RankContext, ddp: DistributedDataParallel, loaded: LoadedModel,
                details: list[str], data: dict[str, Any]) -> Optional[Outcome]:
-        """A few DDP steps on rank-dependent data; a FAIL outcome when grads or params drift."""
+        """A few DDP steps on rank-dependent data; a FAIL outcome when grads or params drift.
+
+        One comparison per step (parameters and gradients after backward: the parameters as the
+        previous step's update left them) and one after the last update, not two per step: each is
+        a collective, and on a crowded world a collective costs far more than the step.
+        """
         shape = loaded.input_shape or ()
         momentum: dict = {}  # torch.optim.SGD(lr=0.05, momentum=0.9), without importing dynamo
         for step in range(STEPS):
@@ -137,20 +142,21 @@ class ParamSyncCheck(ModelCheck):
                                       hint="let DDP reduce the gradients: call backward on the DDP "
                                            "module's output and do not modify .grad on some ranks only",
                                       finding="grad-desync", details=details + [str(exc)], data=data)
-                return ctx.failed(f"parameters differ across ranks in step {step + 1}: {_short(exc)}",
+                when = f"after step {step}'s update or in step {step + 1}" if step else f"in step {step + 1}"
+                return ctx.failed(f"parameters differ across ranks {when}: {_short(exc)}",
                                   hint="change parameters only through the optimizer, identically on "
                                        "every rank (no rank-dependent in-place updates in forward)",
                                   finding="param-desync-after-step", details=details + [str(exc)],
                                   data=data)
             sgd_step(ddp.parameters(), momentum, lr=0.05, momentum=0.9)
-            try:
-                assert_in_sync(ddp, buffers=False)
-            except DesyncError as exc:
-                return ctx.failed(f"parameters differ across ranks after step {step + 1}: {_short(exc)}",
-                                  hint="update parameters only through the optimizer, identically "
-                                       "on every rank",
-                                  finding="param-desync-after-step", details=details + [str(exc)],
-                                  data=data)
+        try:
+            assert_in_sync(ddp, buffers=False)
+        except DesyncError as exc:
+            return ctx.failed(f"parameters differ across ranks after step {STEPS}: {_short(exc)}",
+                              hint="update parameters only through the optimizer, identically "
+                                   "on every rank",
+                              finding="param-desync-after-step", details=details + [str(exc)],
+                              data=data)
         details.append(f"{STEPS} SGD steps on rank-dependent data: gradients matched, parameters "
                        "stayed in sync (buffers such as BatchNorm statistics: see bn-sync)")
         data["steps"] = STEPS

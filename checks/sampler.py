@@ -45,10 +45,23 @@ def _gather(obj: Any) -> list[Any]:
     return rows if isinstance(obj, list) else [row[0] for row in rows]
 
 
-def _shards(n: int, world: int, rank: int, **kwargs: Any) -> list[list[int]]:
+def _gather_all(lists: list[list[int]]) -> list[list[list[int]]]:
+    """Several int lists per rank in one exchange (two all_gathers in all, whatever the count):
+    ``out[k][r]`` is rank r's ``lists[k]``."""
+    packed = [len(lists)] + [len(x) for x in lists] + [v for x in lists for v in x]
+    out: list[list[list[int]]] = [[] for _ in lists]
+    for row in _gather(packed):
+        k, pos = row[0], 1 + row[0]
+        for i, size in enumerate(row[1:1 + k]):
+            out[i].append(row[pos:pos + size])
+            pos += size
+    return out
+
+
+def _shard(n: int, world: int, rank: int, **kwargs: Any) -> list[int]:
     sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, **kwargs)
     sampler.set_epoch(0)
-    return _gather(list(sampler))
+    return list(sampler)
 
 
 def _overlap(shards: list[list[int]], n: int) -> tuple[int, int]:
@@ -71,7 +84,21 @@ class SamplerCheck(Check):
         problems: list[tuple[str, str, str]] = []  # finding, summary, hint
         details: list[str] = []
 
-        shards = _shards(n, world, rank, shuffle=True, seed=0)
+        # Every rank's samplers first, then one exchange of all of them (a collective costs far more
+        # than these few dozen integers on a crowded world).
+        sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=0)
+        sampler.set_epoch(0)
+        first, again = list(sampler), list(sampler)
+        sampler.set_epoch(1)
+        reshuffled = list(sampler)
+        shards, dropped_shards, seeds, skewed, epoch1 = _gather_all([
+            _shard(n, world, rank, shuffle=True, seed=0),
+            _shard(n, world, rank, shuffle=True, seed=0, drop_last=True),
+            [sampler.seed],
+            _shard(n, world, rank, shuffle=True, seed=rank),
+            reshuffled,
+        ])
+        seeds = [s[0] for s in seeds]
         dupes, missed = _overlap(shards, n)
         padding = world * math.ceil(n / world) - n
         details.append(f"dataset of {count(n, 'sample')} over {count(world, 'rank')}: every rank gets "
@@ -85,7 +112,6 @@ class SamplerCheck(Check):
                              f"shards overlap on {count(dupes, 'sample')}, expected {count(padding, 'padding duplicate')}",
                              "pass num_replicas=world_size and rank=this rank to DistributedSampler"))
 
-        dropped_shards = _shards(n, world, rank, shuffle=True, seed=0, drop_last=True)
         d_dupes, d_missed = _overlap(dropped_shards, n)
         details.append(f"drop_last=True: {count(len(dropped_shards[0]), 'sample')} per rank, no duplicates, "
                        f"{count(d_missed, 'sample')} left out of every epoch")
@@ -94,22 +120,16 @@ class SamplerCheck(Check):
                              f"with drop_last=True shards still overlap on {count(d_dupes, 'sample')}",
                              "pass num_replicas=world_size and rank=this rank to DistributedSampler"))
 
-        sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=0)
-        seeds = _gather(sampler.seed)
         if len(set(seeds)) > 1:
             problems.append(("sampler-seed-mismatch",
                              "ranks shuffle with different seeds ("
                              + ", ".join(f"rank {r}: {v}" for r, v in enumerate(seeds))
                              + f"), so their shards overlap on {count(dupes - padding, 'sample')} and miss {missed}",
                              "pass the same seed to DistributedSampler on every rank"))
-        skewed_dupes, skewed_missed = _overlap(_shards(n, world, rank, shuffle=True, seed=rank), n)
+        skewed_dupes, skewed_missed = _overlap(skewed, n)
         details.append(f"seed: every rank uses seed {seeds[0]}; with seed=rank instead the shards "
                        f"would overlap on {count(skewed_dupes, 'sample')} and miss {skewed_missed}")
 
-        sampler.set_epoch(0)
-        first, again = list(sampler), list(sampler)
-        sampler.set_epoch(1)
-        reshuffled = list(sampler)
         repeats, changes = first == again, first != reshuffled
         details.append(f"epochs: without set_epoch the second pass {'repeats' if repeats else 'changes'} "
                        f"the first pass's order; after set_epoch(1) it "
@@ -117,14 +137,16 @@ class SamplerCheck(Check):
         if not changes:
             problems.append(("sampler-epoch-no-reshuffle", "set_epoch(1) did not change the order",
                              "construct DistributedSampler with shuffle=True for training"))
-        epoch1_dupes, _ = _overlap(_gather(reshuffled), n)
+        epoch1_dupes, _ = _overlap(epoch1, n)
         if epoch1_dupes != padding:
             problems.append(("sampler-shards-overlap",
                              f"after set_epoch(1) shards overlap on {count(epoch1_dupes, 'sample')}",
                              "call set_epoch with the same epoch on every rank"))
 
+        # check_ranks=False: the seeds were compared above, and every rank reading every peer's entry
+        # (warn_rank=None) would be O(world) store reads per rank.
         guarded = guard_sampler(DistributedSampler(range(n), num_replicas=world, rank=rank,
-                                                   shuffle=True, seed=0), warn_rank=None)
+                                                   shuffle=True, seed=0), warn_rank=None, check_ranks=False)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             list(guarded)

@@ -28,6 +28,10 @@ def main() -> None:
 
     try:
         cli_main(pending=_PENDING)
+    except SystemExit as done:
+        code = done.code
+    else:
+        code = 0
     finally:
         # The outcome is decided: a signal from here on can neither change the exit code nor kill the
         # interpreter's shutdown midway (which would end the process by the raw signal, not 130).
@@ -36,6 +40,34 @@ def main() -> None:
                 signal.signal(sig, signal.SIG_IGN)
             except (ValueError, OSError):
                 pass
+    finish(code)
+
+
+def finish(code: object) -> None:
+    """Exit with ``code`` (as ``sys.exit`` would), without the interpreter's teardown: the exit
+    handlers run and the output is flushed, then the process ends. Freeing every object of torch's
+    modules took 0.3-0.7 s on a 2-core machine after the report was printed (``check``), and
+    ``run``'s own teardown 25 ms after the job ended. A command that left a non-daemon thread
+    running ends the usual way, which waits for it."""
+    import sys
+    import threading
+
+    if any(t is not threading.main_thread() and t.is_alive() and not t.daemon for t in threading.enumerate()):
+        sys.exit(code)
+    import atexit
+
+    status = code if isinstance(code, int) else (0 if code is None else 1)
+    try:
+        if not isinstance(code, int) and code is not None:
+            print(code, file=sys.stderr)
+        atexit._run_exitfuncs()  # what the teardown would run first (logging's flush included)
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe: nothing more to say
+                pass
+        os._exit(status)
 
 
 if __name__ == "__main__":

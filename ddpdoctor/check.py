@@ -96,7 +96,9 @@ class RankContext:
     Args:
         rank, world_size, local_rank, local_world_size, node_rank: this rank's place.
         backend: the backend under test.
-        timeout: the per-check deadline in seconds (also the process group's timeout).
+        timeout: the per-check deadline in seconds (also the process group's timeout); the runner
+            may scale it for a slow world and tells the rank in ``deadline`` (see ``hosts``,
+            ``ranks_per_core`` and ``deadline``, set before each check runs).
         store: the control store (a torch ``Store``), independent of the backend.
         options: check options from the command line.
         launch: the :class:`ddpdoctor.launcher.LaunchInfo` this rank was started with.
@@ -135,6 +137,12 @@ class RankContext:
         self.hostname = socket.gethostname()
         self.pg_init_seconds: Optional[float] = None
         self.pg_error: Optional[BaseException] = None
+        # What the runner tells every rank with each check's directive (runner/lockstep.py), so no
+        # check needs a collective to learn it: every rank's host in rank order (empty when not
+        # told), the most crowded node's ranks per usable CPU core, and this check's deadline.
+        self.hosts: tuple[str, ...] = ()
+        self.ranks_per_core: Optional[float] = None
+        self.deadline: float = timeout
 
     @property
     def device(self) -> str:

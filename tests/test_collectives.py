@@ -124,7 +124,7 @@ def test_rank_that_skips_an_operation_is_named_with_it(clean_launcher_env):
     r = res["coll-skip"]
     assert r.status == Status.TIMEOUT and r.ranks == (0, 1, 2)
     assert r.summary.startswith(
-        "rank 1 skipped #69 barrier; ranks 0,2 never reached #70 all_gather_object(hostnames) in world "
+        "rank 1 skipped #69 barrier; ranks 0,2 never reached #70 broadcast(plan: timed pass) in world "
         "(last entered #69 barrier); rank 1 entered it; "), r.summary
     assert "ranks 0,2 stuck in barrier" in r.summary
 

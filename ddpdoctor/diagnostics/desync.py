@@ -1,9 +1,10 @@
 """Are parameters, buffers and gradients identical on every rank? Find out without gathering them.
 
 :func:`assert_in_sync` reduces every tensor to a small fingerprint of its raw bytes, exchanges the
-fingerprints of all tensors in one ``all_gather``, and only when fingerprints differ fetches the
-largest absolute difference of the tensors concerned. The bytes exchanged grow with the number of
-tensors, not with the number of parameters.
+fingerprints in one small ``all_gather`` (a digest of them all when the ranks agree; every tensor's
+when they do not), and only when fingerprints differ fetches the largest absolute difference of the
+tensors concerned. In sync, a rank sends 24 bytes whatever the model; otherwise the bytes grow with
+the number of tensors, never with the number of parameters.
 
 The fingerprint (:mod:`ddpdoctor.diagnostics.fingerprint`) reads each tensor's bytes once, in
 place, with no temporary larger than 4 MiB, and compares bits, not values: any change to one 32-bit
@@ -22,7 +23,8 @@ from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
-from ddpdoctor.diagnostics.fingerprint import CHUNK_BYTES, fingerprint, fingerprint_many, flat_pieces, strided_real
+from ddpdoctor.diagnostics.fingerprint import (CHUNK_BYTES, combine_fingerprints, fingerprint, fingerprint_many,
+                                               flat_pieces, strided_real)
 from ddpdoctor.diagnostics.wrapped import unwrap_module
 from ddpdoctor.errors import DdpdoctorError
 
@@ -135,27 +137,27 @@ def _versions(column: list[int]) -> list[tuple[int, ...]]:
     return [tuple(r) for r in groups.values()]
 
 
-def _max_abs_diff(t: torch.Tensor, group: Any, device: torch.device) -> float:
-    """Largest element difference across ranks, in chunks of ``_DIFF_CHUNK`` elements.
+def _max_abs_diffs(tensors: list[torch.Tensor], group: Any, device: torch.device) -> list[float]:
+    """Each tensor's largest element difference across ranks, for all the tensors in one stream of
+    chunks of ``_DIFF_CHUNK`` elements.
 
-    Each chunk is one all_reduce(MAX) of ``[x, -x, isnan, -isnan]`` in float64 (4 MiB), so the
-    number of collectives depends only on the element count, which every rank shares. Returns NaN
+    Each chunk is one all_reduce(MAX) of ``[x, -x, isnan, -isnan]`` in float64 (4 MiB) holding the
+    pieces of one or more tensors, so the number of collectives depends only on the element count,
+    which every rank shares: one in all for small tensors, whatever their number. A value is NaN
     when some ranks hold a NaN where others do not, and 0.0 when only the bits differ.
     """
-    x = strided_real(t)
-    worst = torch.zeros((), dtype=torch.float64, device=device)
-    split_nan = torch.zeros((), dtype=torch.bool, device=device)
-    segments: list[torch.Tensor] = []
+    worst = [torch.zeros((), dtype=torch.float64, device=device) for _ in tensors]
+    split_nan = [torch.zeros((), dtype=torch.bool, device=device) for _ in tensors]
+    segments: list[tuple[int, torch.Tensor]] = []  # (tensor index, piece)
     filled = 0
 
     def reduce_chunk() -> None:
-        nonlocal worst, split_nan
         import torch.distributed as dist
 
-        k = sum(s.numel() for s in segments)
+        k = sum(s.numel() for _, s in segments)
         payload = torch.empty(4 * k, dtype=torch.float64, device=device)
         values, off = payload[:k], 0
-        for s in segments:
+        for _, s in segments:
             values[off:off + s.numel()].copy_(s)
             off += s.numel()
         nan = torch.isnan(values)
@@ -166,21 +168,27 @@ def _max_abs_diff(t: torch.Tensor, group: Any, device: torch.device) -> float:
         dist.all_reduce(payload, op=dist.ReduceOp.MAX, group=group)
         hi, neg_lo = payload[:k], payload[k:2 * k]
         diff = torch.where(hi == -neg_lo, 0.0, hi + neg_lo)  # equal infinities differ by 0
-        worst = torch.maximum(worst, diff.max())
-        split_nan = split_nan | ((payload[2 * k:3 * k] > 0) & (payload[3 * k:] == 0)).any()
+        split = (payload[2 * k:3 * k] > 0) & (payload[3 * k:] == 0)
+        off = 0
+        for i, s in segments:
+            n = s.numel()
+            worst[i] = torch.maximum(worst[i], diff[off:off + n].max())
+            split_nan[i] = split_nan[i] | split[off:off + n].any()
+            off += n
 
-    for piece in flat_pieces(x):
-        pos = 0
-        while pos < piece.numel():
-            take = min(_DIFF_CHUNK - filled, piece.numel() - pos)
-            segments.append(piece[pos:pos + take])
-            filled, pos = filled + take, pos + take
-            if filled == _DIFF_CHUNK:
-                reduce_chunk()
-                segments, filled = [], 0
+    for i, t in enumerate(tensors):
+        for piece in flat_pieces(strided_real(t)):
+            pos = 0
+            while pos < piece.numel():
+                take = min(_DIFF_CHUNK - filled, piece.numel() - pos)
+                segments.append((i, piece[pos:pos + take]))
+                filled, pos = filled + take, pos + take
+                if filled == _DIFF_CHUNK:
+                    reduce_chunk()
+                    segments, filled = [], 0
     if filled:
         reduce_chunk()
-    return float("nan") if bool(split_nan) else float(worst)
+    return [float("nan") if bool(nan) else float(w) for w, nan in zip(worst, split_nan)]
 
 
 def _comm_device(group: Any, fallback: torch.device) -> torch.device:
@@ -196,10 +204,12 @@ def assert_in_sync(module: torch.nn.Module, *, grads: bool = False, buffers: boo
     """Check that every rank holds the same parameters (and buffers, and gradients).
 
     Call it on every rank at the same point of the training loop (it is a collective). Each
-    tensor is fingerprinted locally; the fingerprints of all tensors travel in one ``all_gather``
-    (after an agreement on the tensor count of 16 bytes per rank). The tensors themselves are
-    never gathered: only for tensors whose fingerprints differ is the largest absolute difference
-    fetched, with one ``all_reduce`` each.
+    tensor is fingerprinted locally; one ``all_gather`` of 24 bytes per rank (the tensor count, a
+    layout hash and a digest of all fingerprints) settles the common case, in sync. Only when the
+    ranks differ do the fingerprints of all tensors travel, in a second ``all_gather`` (16 bytes
+    per tensor). The tensors themselves are never gathered: only for tensors whose fingerprints
+    differ is the largest absolute difference fetched, with one ``all_reduce`` per 4 MiB of their
+    elements (one in all for small tensors).
 
     Args:
         module: the model; a DistributedDataParallel wrapper is looked through.
@@ -233,7 +243,12 @@ def assert_in_sync(module: torch.nn.Module, *, grads: bool = False, buffers: boo
     device = _comm_device(group, local_device)
 
     layout = zlib.crc32("\n".join(f"{n}:{_layout_hash(n, t)}" for n, t in entries).encode())
-    header = torch.tensor([len(entries), layout], dtype=torch.int64, device=device)
+    shapes = torch.tensor([_layout_hash(n, t) for n, t in entries], dtype=torch.int64, device=device)
+    values = _fingerprints([t for _, t in entries], device)
+    # One exchange when the ranks agree: the tensor count, the layout and a digest of every fingerprint
+    # (24 bytes per rank); the per-tensor fingerprints travel only when some rank's differ.
+    header = torch.stack([torch.tensor(len(entries), dtype=torch.int64, device=device),
+                          torch.tensor(layout, dtype=torch.int64, device=device), combine_fingerprints(values)])
     headers = [torch.empty_like(header) for _ in range(world)]
     dist.all_gather(headers, header, group=group)
     counts = [int(h[0]) for h in headers]
@@ -244,11 +259,9 @@ def assert_in_sync(module: torch.nn.Module, *, grads: bool = False, buffers: boo
             versions, None, "layout")],
             hint="build the same model on every rank: the ranks disagree on the number of "
                  "parameters and buffers")
-    if not entries:
+    if not entries or all(torch.equal(h, headers[0]) for h in headers[1:]):
         return None
 
-    shapes = torch.tensor([_layout_hash(n, t) for n, t in entries], dtype=torch.int64, device=device)
-    values = _fingerprints([t for _, t in entries], device)
     fps = torch.stack([shapes, values], dim=1).reshape(-1)
     gathered = [torch.empty_like(fps) for _ in range(world)]
     dist.all_gather(gathered, fps, group=group)
@@ -256,13 +269,16 @@ def assert_in_sync(module: torch.nn.Module, *, grads: bool = False, buffers: boo
     differ = (table != table[0]).any(dim=0).view(-1, 2).any(dim=1).nonzero().flatten().tolist()
 
     mismatches: list[TensorMismatch] = []
+    # the tensors whose values differ: their largest differences in one stream of all_reduces
+    valued = [i for i in differ if len(set(table[:, 2 * i].tolist())) == 1 and entries[i][1] is not None]
+    diffs = dict(zip(valued, _max_abs_diffs([entries[i][1] for i in valued], group, device))) if valued else {}
     for i in differ:
-        name, t = entries[i]
+        name = entries[i][0]
         layouts = table[:, 2 * i].tolist()
         if len(set(layouts)) > 1:
             mismatches.append(TensorMismatch(name, _versions(layouts), None, "layout"))
             continue
-        diff = _max_abs_diff(t, group, device) if t is not None else 0.0
+        diff = diffs.get(i, 0.0)
         if atol > 0 and diff <= atol:
             continue
         mismatches.append(TensorMismatch(name, _versions(table[:, 2 * i + 1].tolist()), diff, "values"))

@@ -46,8 +46,8 @@ from typing import Iterator, Optional
 
 import torch
 
-__all__ = ["fingerprint", "fingerprint_tensor", "fingerprint_many", "flat_pieces", "strided_real", "CHUNK_BYTES", "COLS",
-           "BLOCK_ROWS", "BLOCK_WORDS"]
+__all__ = ["fingerprint", "fingerprint_tensor", "fingerprint_many", "combine_fingerprints", "flat_pieces",
+           "strided_real", "CHUNK_BYTES", "COLS", "BLOCK_ROWS", "BLOCK_WORDS"]
 
 COLS = 1024  # 32-bit words per row
 BLOCK_ROWS = 1024  # rows per block
@@ -90,13 +90,21 @@ def _row_weights(device: torch.device) -> torch.Tensor:
 
 
 def _block_keys(first: int, count: int, device: torch.device) -> torch.Tensor:
-    """Odd int64 keys of shape ``(count, COLS)`` for blocks ``first .. first+count-1``."""
-    cached = _keys.get(device)
-    if cached is None:
-        index = torch.arange(GROUP_BLOCKS * COLS, dtype=torch.int64)
-        cached = _keys[device] = (_mix(index + _KEY_SALT) | 1).view(GROUP_BLOCKS, COLS).to(device)
-    if first + count <= GROUP_BLOCKS:
-        return cached[first:first + count]
+    """Odd int64 keys of shape ``(count, COLS)`` for blocks ``first .. first+count-1``.
+
+    The keys of the first GROUP_BLOCKS blocks are cached per device, computed as far as a tensor
+    needed them (doubling): a model of small tensors computes one block's keys, not 4 MiB of them.
+    """
+    need = first + count
+    if need <= GROUP_BLOCKS:
+        cached = _keys.get(device)
+        have = 0 if cached is None else cached.shape[0]
+        if have < need:
+            size = min(GROUP_BLOCKS, max(need, 2 * have))
+            index = torch.arange(have * COLS, size * COLS, dtype=torch.int64)
+            more = (_mix(index + _KEY_SALT) | 1).view(size - have, COLS).to(device)
+            cached = _keys[device] = more if cached is None else torch.cat([cached, more])
+        return cached[first:need]
     index = torch.arange(first * COLS, (first + count) * COLS, dtype=torch.int64, device=device)
     return (_mix(index + _KEY_SALT) | 1).view(count, COLS)  # tensors over 2 GiB: computed per group
 
@@ -248,6 +256,20 @@ def fingerprint_tensor(t: torch.Tensor, *, fused: Optional[bool] = None) -> torc
             return hasher.total
     _streamed(flat, hasher)
     return hasher.total
+
+
+_DIGEST_SALT = 0xD16E57 << 40
+
+
+def combine_fingerprints(values: torch.Tensor) -> torch.Tensor:
+    """One 64-bit digest of a 1-D int64 tensor of fingerprints, in order: ``sum key[i] * values[i]``
+    modulo 2**64 with fixed odd keys (0-dim int64, on the values' device, no host synchronization).
+
+    A change to any one fingerprint always changes the digest (an odd key times a non-zero
+    difference is non-zero modulo 2**64); changes to several cancel only if 64-bit sums collide.
+    """
+    index = torch.arange(values.numel(), dtype=torch.int64, device=values.device)
+    return ((_mix(index + _DIGEST_SALT) | 1) * values.reshape(-1)).sum()
 
 
 def fingerprint(t: torch.Tensor) -> int:

@@ -297,14 +297,22 @@ class ModelCheck(Check):
 
     def run(self, ctx: RankContext) -> Outcome:
         ctx.process_group()
+        # The ranks vote after each step that may fail on some ranks only: the user's model (a
+        # collective each). The built-in model builds and runs alike everywhere: no vote, which
+        # every rank knows from the same options.
+        vote = bool(ctx.options.get("model"))
         with torch.random.fork_rng(devices=[]):  # leave the worker's RNG as it was
-            torch.manual_seed(self.seed(ctx.rank))
+            if ctx.device == "cpu":  # the CPU generator only: torch.manual_seed also queues a lazy
+                torch.default_generator.manual_seed(self.seed(ctx.rank))  # seed per accelerator type
+            else:
+                torch.manual_seed(self.seed(ctx.rank))
             try:
                 loaded = load_model(ctx.options)
             except UsageError as exc:
-                ranks_that_failed(False)
+                if vote:
+                    ranks_that_failed(False)
                 return ctx.failed(exc.message, hint=exc.hint, finding=exc.reference)
-            elsewhere = ranks_that_failed(True)
+            elsewhere = ranks_that_failed(True) if vote else []
             if elsewhere:
                 return failed_elsewhere(ctx, elsewhere, "build the model")
             if ctx.device == "cpu":
@@ -322,12 +330,14 @@ class ModelCheck(Check):
         """(parameters that get no gradient in one forward/backward, None), or (None, the outcome
         that ends the check) when the forward failed on this rank or on another."""
         assert loaded.input_shape is not None
+        vote = not loaded.builtin  # as in run(): the built-in model's forward runs alike everywhere
         try:
             unused = unused_parameters(model, rank_batch(loaded.input_shape, ctx.rank))
         except Exception as exc:  # noqa: BLE001 - the user's forward is theirs to fix
-            ranks_that_failed(False)
+            if vote:
+                ranks_that_failed(False)
             return None, forward_failed(ctx, exc, loaded.input_shape, details, data)
-        elsewhere = ranks_that_failed(True)
+        elsewhere = ranks_that_failed(True) if vote else []
         if elsewhere:
             return None, failed_elsewhere(ctx, elsewhere, "run forward/backward")
         return unused, None

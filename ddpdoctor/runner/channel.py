@@ -5,7 +5,9 @@ yields a report. Every value is JSON. Keys (under a per-run prefix):
 
 ``hello/<rank>``      a worker arrived (pid, host, GPUs)
 ``port/<rank>``       the supervisor-side port outcome of that rank
-``plan/<i>``          the coordinator's directive for check i: run, skip, supervisor or stop
+``plan/<i>``          the coordinator's directive for check i: run, skip, supervisor or stop; a run
+                      directive also carries the check's deadline and the world's facts (every
+                      rank's host, run-length packed, and the most crowded node's ranks per core)
 ``result/<i>/<rank>`` a rank's outcome for check i
 ``dead/<rank>``       a rank's supervisor saw its worker die (how)
 ``stackreq/<rank>``, ``stack/<rank>``  a stack dump asked for, and the answer
@@ -30,7 +32,8 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Optional
 
-__all__ = ["Channel", "ChannelLost", "connect_store", "host_store", "COUNTS", "dump_counts"]
+__all__ = ["Channel", "ChannelLost", "connect_store", "host_store", "COUNTS", "dump_counts", "pack_hosts",
+           "unpack_hosts"]
 
 COUNTS: "collections.Counter[str]" = collections.Counter()  # store operations by kind, this process
 COUNTS_ENV = "DDPDOCTOR_CHANNEL_COUNTS"
@@ -46,6 +49,35 @@ def dump_counts(label: str) -> None:
             json.dump(dict(COUNTS), f)
     except OSError:
         pass
+
+
+def pack_hosts(hosts: dict[int, str], world_size: int) -> dict:
+    """Every rank's host in rank order, compactly: the distinct names, and runs of consecutive ranks
+    on one host as ``[name index, count]`` (a rank that never arrived: index -1). One node of 128
+    ranks packs to one name and one run."""
+    names: list[str] = []
+    runs: list[list[int]] = []
+    for r in range(world_size):
+        host = hosts.get(r)
+        if host is not None and host not in names:
+            names.append(host)
+        index = names.index(host) if host is not None else -1
+        if runs and runs[-1][0] == index:
+            runs[-1][1] += 1
+        else:
+            runs.append([index, 1])
+    return {"names": names, "runs": runs}
+
+
+def unpack_hosts(packed: Optional[dict]) -> tuple:
+    """The inverse of :func:`pack_hosts`: a tuple of host names by rank ("" where unknown)."""
+    if not packed:
+        return ()
+    names = packed.get("names", [])
+    out: list[str] = []
+    for index, n in packed.get("runs", []):
+        out.extend([names[index] if 0 <= index < len(names) else ""] * int(n))
+    return tuple(out)
 
 
 class ChannelLost(RuntimeError):

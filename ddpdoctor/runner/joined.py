@@ -22,7 +22,7 @@ from ddpdoctor.report.document import RunReport
 from ddpdoctor.report.progress import Progress
 from ddpdoctor.result import CheckResult, Outcome, Status, rank_label
 from ddpdoctor.runner.channel import Channel, ChannelLost, connect_store, host_store
-from ddpdoctor.runner.lockstep import Coordinator, interrupted_results
+from ddpdoctor.runner.lockstep import MAX_SCALE, Coordinator, interrupted_results
 from ddpdoctor.runner.options import Interrupted, RunOptions, RunOutcome, terminate_as_interrupt
 from ddpdoctor.runner.supervisor import Supervisor
 from ddpdoctor.runner.worker import WorkerSpec
@@ -119,7 +119,7 @@ def run_joined(opts: RunOptions, info: LaunchInfo, checks: Sequence[Check], prog
                 coordinator.finish(code)
                 _wait_byes(channel, supervisor, [r for r in coordinator.world.arrived if r not in coordinator.lost])
             else:
-                code, message = _follow(channel, supervisor, rank, opts.timeout * (len(checks) + 3))
+                code, message = _follow(channel, supervisor, rank, opts.timeout * MAX_SCALE * (len(checks) + 3))
     except ChannelLost as exc:
         message = f"ddpdoctor rank {rank}: {exc}; rank 0's report says why"
         code = 1

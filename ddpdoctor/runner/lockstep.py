@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 from ddpdoctor.check import Check, WorldInfo
 from ddpdoctor.report.progress import Progress
 from ddpdoctor.result import CheckResult, Outcome, Status, format_ranks, rank_label
-from ddpdoctor.runner.channel import Channel
+from ddpdoctor.runner.channel import Channel, pack_hosts
 from ddpdoctor.runner.supervisor import Supervisor
 from ddpdoctor.runner.verdict import UNREACHABLE, WAIT_GRACE, Trouble, compose, dead_outcome, is_failure
 from ddpdoctor.system.stackframes import where_hung
@@ -27,6 +27,17 @@ __all__ = ["Coordinator", "interrupted_results"]
 
 POLL = 0.005
 STACK_WAIT = 1.0  # seconds the silent ranks' supervisors get to answer a stack request
+
+# A check's deadline is --timeout on a world whose collectives are quick; on a slow one (many ranks
+# per core) it is scaled, never to infinity (issue 18: a healthy world must not end in a false
+# TIMEOUT). The scale is the larger of the crowding (ranks per core over CROWDING_REFERENCE) and the
+# measured seconds per collective (the slowest rank's, reported by the checks as
+# ``collective_seconds``: process-group's first all_reduce, the collectives check's mean) over
+# SCALE_REFERENCE, at most MAX_SCALE.
+SCALE_REFERENCE = 0.25  # seconds per collective that an unscaled deadline has room for
+CROWDING_REFERENCE = 16.0  # ranks per core from which the deadline scales before anything is measured
+MAX_SCALE = 20.0
+CROWDED = 4.0  # ranks per core from which a timeout says the world may just be too slow
 
 
 @dataclass
@@ -58,6 +69,9 @@ class Coordinator:
     current: Optional[str] = None
     current_index: int = -1
     deaths: dict = field(default_factory=dict)  # rank -> how it died (dead/<rank>), read once
+    facts: dict = field(default_factory=dict)  # what every run directive tells the ranks (greet)
+    ranks_per_core: float = 0.0  # the most crowded node's ranks per usable core
+    latency: float = 0.0  # the slowest measured seconds per collective so far
 
     # Waiting polls one counter or roll per tick (runner/channel.py), never every rank's key, so
     # the store messages per rank do not grow with the world.
@@ -93,6 +107,29 @@ class Coordinator:
         hosts = {r: h["host"] for r, h in self.hellos.items()}
         gpus = min((h.get("gpus", 0) for h in self.hellos.values()), default=0)
         self.world = replace(self.world, hosts=hosts, gpus=gpus, arrived=tuple(sorted(self.hellos)))
+        per_host: dict[str, list[dict]] = {}
+        for h in self.hellos.values():
+            per_host.setdefault(h["host"], []).append(h)
+        self.ranks_per_core = max((len(hs) / max(1, min(h.get("cpus", 1) for h in hs))
+                                   for hs in per_host.values()), default=0.0)
+        self.facts = {"hosts": pack_hosts(hosts, self.world.world_size),
+                      "ranks_per_core": round(self.ranks_per_core, 4)}
+
+    @property
+    def scale(self) -> float:
+        """How many times --timeout a check of this world gets (see SCALE_REFERENCE)."""
+        return min(MAX_SCALE, max(1.0, self.ranks_per_core / CROWDING_REFERENCE, self.latency / SCALE_REFERENCE))
+
+    @property
+    def deadline(self) -> float:
+        return self.timeout * self.scale
+
+    def _measured(self, result: CheckResult) -> None:
+        """Keep the slowest seconds per collective that a rank of ``result`` reported."""
+        for o in result.outcomes:
+            value = o.data.get("collective_seconds") if isinstance(o.data, dict) else None
+            if isinstance(value, (int, float)) and value > self.latency:
+                self.latency = float(value)
 
     @property
     def missing(self) -> list[int]:
@@ -121,9 +158,14 @@ class Coordinator:
             else:
                 self.progress.started(check.name)
                 self.channel.open_roll(f"result/{i}")
-                self.channel.put(f"plan/{i}", {"action": "run"})
-                result, trouble = self._collect(i, check)
-                if trouble:
+                deadline = self.deadline
+                self.channel.put(f"plan/{i}", {"action": "run", "deadline": round(deadline, 3), "world": self.facts})
+                result, trouble = self._collect(i, check, deadline)
+                result = self._with_deadline(result, deadline, bool(trouble))
+                self._measured(result)
+                if trouble and result.finding == "world-too-slow":
+                    aborted = f"not run: '{check.name}' ran out of time in a world too slow for the deadline"
+                elif trouble:
                     aborted = f"not run: {trouble} during '{check.name}'"
             if check.name == "process-group" and result.status >= Status.FAIL:
                 pg_broken = pg_broken or "the process-group check failed"
@@ -166,7 +208,27 @@ class Coordinator:
                 outcomes[r] = Outcome.from_dict(self.channel.get(f"port/{r}"))
         return check.merge(list(outcomes.values()), self.world)
 
-    def _collect(self, i: int, check: Check) -> tuple[CheckResult, Optional[str]]:
+    def _with_deadline(self, result: CheckResult, deadline: float, trouble: bool) -> CheckResult:
+        """Say so when the deadline was scaled; on a timeout in a crowded world, say that it may only
+        be slow (the ranks take turns on the cores), with the numbers, instead of a bare hang."""
+        scaled = deadline > self.timeout * 1.001
+        measured = (f"collectives measured at up to {self.latency:.2f}s each" if self.latency >= 0.005
+                    else "no collective measured yet")
+        note = (f"deadline {_seconds(deadline)}: --timeout {self.timeout:g}s scaled {deadline / self.timeout:.1f}x for "
+                f"this world ({self.ranks_per_core:.3g} ranks per core, {measured}; at most "
+                f"{MAX_SCALE:g}x)") if scaled else ""
+        if not (trouble and result.status == Status.TIMEOUT and self.ranks_per_core >= CROWDED):
+            return replace(result, details=result.details + (note,)) if note else result
+        cores = self.world.world_size / max(self.ranks_per_core, 1e-9)
+        slow = (f"too slow to finish within {_seconds(deadline)}, perhaps not hung: {self.world.world_size} ranks "
+                f"share about {cores:.0f} CPU cores ({self.ranks_per_core:.3g} per core), so every collective "
+                f"waits for each rank's turn on a core")
+        return replace(result, summary=f"{slow}; {result.summary}", finding="world-too-slow",
+                       hint=("run fewer ranks per core (--nproc), or raise --timeout (ddpdoctor already scaled "
+                             f"it {deadline / self.timeout:.1f}x, up to {MAX_SCALE:g}x); " + result.hint),
+                       details=result.details + ((note,) if note else ()))
+
+    def _collect(self, i: int, check: Check, deadline_s: Optional[float] = None) -> tuple[CheckResult, Optional[str]]:
         """Wait for every rank's outcome of check ``i``. Once a rank failed, crashed or ended, the
         others get WAIT_GRACE to finish (not the whole deadline): those still silent then were left
         waiting for it; their stacks are taken and they are halted (see :mod:`verdict`)."""
@@ -175,7 +237,7 @@ class Coordinator:
         dead: dict[int, dict] = {}
         seen: dict[int, float] = {}
         started = time.monotonic()
-        deadline = started + self.timeout
+        deadline = started + (self.timeout if deadline_s is None else deadline_s)
         while time.monotonic() < deadline:
             reported = set(self.channel.roll(f"result/{i}"))
             self._read_deaths()
@@ -242,7 +304,7 @@ class Coordinator:
             self.channel.put(f"halt/{r}", {})
             self.channel.enrol("halt", r, counted=True)
         if ranks:
-            self.supervisor.poll()
+            self.supervisor.poll(now=True)
 
     def _stacks(self, ranks: Sequence[int]) -> dict[int, str]:
         for r in ranks:
@@ -251,7 +313,7 @@ class Coordinator:
         out: dict[int, str] = {}
         deadline = time.monotonic() + STACK_WAIT
         while len(out) < len(ranks) and time.monotonic() < deadline:
-            self.supervisor.poll()
+            self.supervisor.poll(now=True)
             for r in ranks:
                 if r not in out and self.channel.has(f"stack/{r}"):
                     out[r] = self.channel.get(f"stack/{r}")["stack"]
@@ -296,6 +358,10 @@ class Coordinator:
     def finish(self, exit_code: int) -> None:
         """Tell every supervisor the run is over and with which exit code."""
         self.channel.put("final", {"exit_code": int(exit_code)})
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.0f}s" if value >= 10 else f"{value:.2g}s"
 
 
 def interrupted_results(checks: Sequence[Check], done: Sequence[CheckResult], running: Optional[str],

@@ -7,9 +7,10 @@ import sys
 import os
 import signal
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
-from ddpdoctor.report.document import RunReport
+if TYPE_CHECKING:  # the CLI imports this module for the interrupt handlers: `ddpdoctor run` needs no report
+    from ddpdoctor.report.document import RunReport
 
 __all__ = ["RunOptions", "RunOutcome", "Interrupted", "terminate_as_interrupt", "install_interrupt_handlers",
            "reset_signals_in_worker", "note_pending", "raise_pending"]

@@ -21,11 +21,12 @@ from typing import Any, NoReturn, Sequence
 
 from ddpdoctor.check import Check, RankContext
 from ddpdoctor.result import Outcome, Status
-from ddpdoctor.runner.channel import COUNTS, Channel, ChannelLost, connect_store, dump_counts
+from ddpdoctor.runner.channel import COUNTS, Channel, ChannelLost, connect_store, dump_counts, unpack_hosts
 from ddpdoctor.runner.options import reset_signals_in_worker
 from ddpdoctor.system.stackframes import shown_path
 
-__all__ = ["WorkerSpec", "worker_main", "run_guarded", "raised_at", "set_parent_death_signal", "EXIT_HINT"]
+__all__ = ["WorkerSpec", "worker_main", "run_guarded", "raised_at", "set_parent_death_signal", "EXIT_HINT",
+           "usable_cores", "pin_crowded"]
 
 STACK_SIGNAL = signal.SIGUSR1
 _PR_SET_PDEATHSIG = 1
@@ -167,14 +168,20 @@ def worker_main(spec: WorkerSpec) -> NoReturn:
             timeout=spec.timeout, store=store, options=spec.options, master_addr=spec.master_addr,
             master_port=spec.master_port, mode=spec.mode,
         )
+        cores = _cores()  # before any pinning: the hello and the env check report the node as it is
         channel.put(f"hello/{spec.rank}", _hello(spec))
         channel.enrol("hello", spec.rank, counted=True)
+        pinned = False
         for i, check in enumerate(spec.checks):
             directive = channel.wait(f"plan/{i}", timeout=float("inf"))
             if directive["action"] == "stop":
                 break
             if directive["action"] != "run":
                 continue
+            if check.requires.process_group and not pinned:
+                pinned = True
+                pin_crowded(spec.local_rank, spec.local_world_size, spec.backend, cores)
+            _learn(ctx, directive)
             outcome = run_guarded(check, ctx)
             channel.put(f"result/{i}/{spec.rank}", outcome.to_dict())
             channel.enrol(f"result/{i}", spec.rank)
@@ -194,6 +201,51 @@ def worker_main(spec: WorkerSpec) -> NoReturn:
             os._exit(code)
 
 
+def _learn(ctx: RankContext, directive: dict) -> None:
+    """What a run directive tells the rank (lockstep.py): the check's deadline and the world's facts."""
+    ctx.deadline = float(directive.get("deadline", ctx.timeout))
+    world = directive.get("world") or {}
+    if "hosts" in world:
+        ctx.hosts = unpack_hosts(world["hosts"])
+    if world.get("ranks_per_core") is not None:
+        ctx.ranks_per_core = float(world["ranks_per_core"])
+
+
+def _cores() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return []
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask), at least 1."""
+    return max(1, len(_cores()) or os.cpu_count() or 1)
+
+
+CROWDED_PER_CORE = 2  # CPU ranks per core beyond which each rank is pinned to one core
+
+
+def pin_crowded(local_rank: int, local_world_size: int, backend: str, cores: Sequence[int]) -> bool:
+    """On a node with more than CROWDED_PER_CORE CPU (gloo) ranks per core, pin this rank to one of
+    the cores it may use (round robin by local rank); True if it did.
+
+    Gloo's collectives pass a message from rank to rank: where ranks outnumber the cores, each step
+    waits for the next rank to get a core, and the scheduler moving ranks between cores makes that
+    wait longer. Measured on 2 cores: all_reduce of 6 KiB 28-33 ms unpinned, 15-16 ms pinned at 8
+    ranks, 271 against 170 ms at 32; at 2 ranks (one per core) pinning made it slower (1 against
+    3.5 ms), so an uncrowded node is left alone. Done before the first check that uses the
+    process group, after the hello and the env check, which report the node as the user set it up.
+    """
+    if backend == "nccl" or not cores or local_world_size <= CROWDED_PER_CORE * len(cores):
+        return False
+    try:
+        os.sched_setaffinity(0, {cores[local_rank % len(cores)]})
+    except (AttributeError, OSError):
+        return False
+    return True
+
+
 def _hello(spec: WorkerSpec) -> dict[str, Any]:
     from ddpdoctor.system import nvml
 
@@ -202,5 +254,7 @@ def _hello(spec: WorkerSpec) -> dict[str, Any]:
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "local_rank": spec.local_rank,
+        "local_world_size": spec.local_world_size,
+        "cpus": usable_cores(),
         "gpus": nvml.load().device_count(),
     }
