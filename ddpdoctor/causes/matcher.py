@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import signal
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence
 
@@ -660,8 +661,8 @@ def _scan_plan(literals: tuple) -> tuple:
     left = set(literals)
     groups = []
     while left:
-        chars = sorted({ch for lit in left for ch in lit})
-        ch = max(chars, key=lambda c: (sum(c in lit for lit in left), _rarity(c)))
+        holding = Counter(ch for lit in left for ch in set(lit))  # character -> literals holding it
+        ch = max(sorted(holding), key=lambda c: (holding[c], _rarity(c)))
         group = sorted(lit for lit in left if ch in lit)
         left.difference_update(group)
         groups.append((ch, group))
@@ -669,12 +670,18 @@ def _scan_plan(literals: tuple) -> tuple:
     for ch, group in groups:
         at = {lit: lit.index(ch) for lit in group}
         names = {lit: f"l{i}" for i, lit in enumerate(group)}
-        branches = [(lit[at[lit] + 1:], (f"(?<={re.escape(lit)})" if at[lit] else "") + f"(?P<{names[lit]}>)")
-                    for lit in group]
+        # at the leaf (the literal's end), the head before the anchor: the rest is matched already
+        branches = [(lit[at[lit] + 1:], (f"(?<={re.escape(lit[:at[lit]])}.{{{len(lit) - at[lit]}}})" if at[lit]
+                                          else "") + f"(?P<{names[lit]}>)") for lit in group]
         rx = re.compile(re.escape(ch) + "(?=" + _trie(branches) + ")")
         said = [None] * (rx.groups + 1)
+        by_next: dict = {}  # the character after the anchor ("": none): literals that differ there never overlap
         for lit in group:
-            hidden = [other for other in group if other != lit and _overlap(lit, at[lit], other, at[other])]
+            by_next.setdefault(lit[at[lit] + 1:at[lit] + 2], []).append(lit)
+        for lit in group:
+            after = lit[at[lit] + 1:at[lit] + 2]
+            near = group if not after else by_next.get(after, []) + by_next.get("", [])
+            hidden = [other for other in near if other != lit and _overlap(lit, at[lit], other, at[other])]
             said[rx.groupindex[names[lit]]] = (lit, *hidden)
         plan.append((rx, tuple(said)))
     _PLAN_CACHE[literals] = tuple(plan)
