@@ -95,7 +95,8 @@ class Evidence:
 
 
 def gather(lines: Sequence[str]) -> Evidence:
-    """One pass over the lines (each cut at 4 KB)."""
+    """One pass over the lines (each cut at 4 KB). Each regex runs only on the lines that hold the text it
+    cannot match without (``in`` costs a tenth of a regex call): the same answer, several times faster."""
     ev = Evidence()
     for raw in lines:
         line = raw[:MAX_LINE]
@@ -110,11 +111,12 @@ def gather(lines: Sequence[str]) -> Evidence:
         if ("find_unused_parameters" in line and "keyword argument" not in line
                 and "`find_unused" not in line and _FIND_UNUSED_ON.search(line)):
             ev.find_unused_on = ev.find_unused_on or line.strip()[:200]
-        if not ev.syncbn and _SYNCBN_FRAME.search(line):
+        if not ev.syncbn and ("batchnorm.py" in line or "sync_bn" in line or "SyncB" in line) \
+                and _SYNCBN_FRAME.search(line):
             ev.syncbn = True
-        if not ev.errno13 and _ERRNO13.search(line):
+        if not ev.errno13 and "[Errno 13]" in line and _ERRNO13.search(line):
             ev.errno13 = line.strip()[:200]
-        if not ev.semlock and _SEMLOCK.search(line):
+        if not ev.semlock and ("SemLock" in line or "synchronize.py" in line) and _SEMLOCK.search(line):
             ev.semlock = True
         if "<" in line and _LONG_TASK.search(line):
             m = _ELAPSED.search(line)  # a progress bar's elapsed time: [29:55<4:48:08
@@ -131,7 +133,8 @@ def gather(lines: Sequence[str]) -> Evidence:
                 sig = m.group(1) or m.group(2)
                 if sig not in ("SIGTERM", "SIGINT", "SIGHUP") and sig not in ev.crash_signals:
                     ev.crash_signals.append(sig)
-        if not ev.net_last_error and _NET_LAST.search(line):
+        if not ev.net_last_error and ("NET/" in line or "Connection reset" in line or "Broken pipe" in line
+                                      or "ibv_" in line) and _NET_LAST.search(line):
             ev.net_last_error = line.strip()[:200]
         if "SOCKET_IFNAME" in line:
             m = _IFNAME.search(line)
@@ -141,14 +144,16 @@ def gather(lines: Sequence[str]) -> Evidence:
             m = _NO_ADDR.search(line)
             if m and not any(v == m.group(1) for _, v in ev.ifnames):
                 ev.ifnames.append(("lookup", m.group(1)))  # an interface name, or a host name gloo looked up
-        if not ev.slurm and _SLURM.search(line):
+        if not ev.slurm and ("srun: " in line or "slurmstepd" in line or "SLURM_" in line or "#SBATCH" in line) \
+                and _SLURM.search(line):
             ev.slurm = True
         if "MEMBER:" in line:
             m = _MEMBER.search(line)
             if m:
                 ev.members.add(int(m.group(1)))
                 ev.member_world = int(m.group(2))
-        if not ev.hang_end and _HANG_END.search(line):
+        if not ev.hang_end and ("DUE TO TIME LIMIT" in line or "imed out" in line or "Watchdog caught" in line) \
+                and _HANG_END.search(line):
             ev.hang_end = True
         if "worker_count=" in line:
             m = _STORE_BARRIER.search(line)
@@ -165,7 +170,7 @@ def gather(lines: Sequence[str]) -> Evidence:
                 ev.pip_nccl.append(m.groups())
         if not ev.ld_nccl and "nccl" in line and _LD_NCCL.search(line):
             ev.ld_nccl = True
-        if not ev.windows and _WINDOWS.search(line):
+        if not ev.windows and (":\\" in line or ".exe" in line or "Windows" in line) and _WINDOWS.search(line):
             ev.windows = True
         if "--local" in line:
             m = _LR_PASSED.search(line)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import signal
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence
 
@@ -166,7 +167,7 @@ def _first_hit(line: str, table: list, rank: Optional[int] = None):
 
 
 
-_ROOT = re.compile(r"Root Cause \(first observed failure\)")
+_ROOT_TEXT = "Root Cause (first observed failure)"
 
 
 
@@ -226,12 +227,52 @@ _LOOKBACK_LINES = 32  # how far back a line without a rank prefix looks for torc
 _LOOKBACK_CHARS = 4096
 _MAX_RANKS = 65536  # ranks whose last exception and frame are remembered for first_failure
 _MAX_KEPT = 20000
+_MAX_PLAUSIBLE = 4096  # sets of literals whose patterns are remembered (a log holds a few dozen)
 EVIDENCE_WHOLE_CHARS = 2 << 20
 """Up to this size the evidence pass reads every line; beyond, only the candidate lines (bounded memory)."""
 _ROOT_WINDOW = 12  # lines of torchrun's Root Cause block read for the rank and the exit code
 # Lines that matter to first_failure besides the catalogue's: exceptions, traceback frames, Root Cause.
 _EXTRA_TRIGGERS = ("Error", "Exception", "Interrupt", 'File "', "Root Cause (first observed failure)",
                    "terminated with")
+
+
+@dataclass
+class _Tables:
+    """What a scanner needs of a catalogue, built once per catalogue (a few tens of ms) and shared."""
+
+    table: list  # (cause, its compiled patterns), table order
+    literals: tuple  # the literals every candidate line holds one of
+    fallback: tuple  # patterns with no such literal (searched whole)
+    plan: tuple  # the regexes that find the literals (_scan_plan)
+    flat: list  # (cause, pattern) in table order
+    always: list  # indices in flat of the patterns with no literal: tried on every candidate line
+    by_literal: dict  # literal -> indices in flat of the patterns that need it
+    plausible: dict  # the literals a line holds -> the (cause, pattern) to try on it, in table order
+
+
+_TABLES: dict = {}
+
+
+def _compiled(causes: tuple) -> _Tables:
+    tables = _TABLES.get(causes)
+    if tables is not None:
+        return tables
+    table = [(c, c.compiled()) for c in causes]
+    literals, fallback = _triggers(causes)
+    flat = [(c, rx) for c, rxs in table for rx in rxs]
+    always: list = []
+    by_literal: dict = {lit: [] for lit in literals}
+    for i, (_, rx) in enumerate(flat):  # a candidate line skips the patterns it cannot match
+        need = _covering(literals, _TRIGGER_CACHE["needs"].get(rx.pattern))
+        for lit in need if need is not None else ():
+            by_literal[lit].append(i)
+        if need is None:
+            always.append(i)
+    if len(_TABLES) >= 64:  # callers with ever new catalogues (tests): bounded
+        _TABLES.clear()
+    tables = _TABLES[causes] = _Tables(table, literals, fallback, _scan_plan(literals), flat, always,
+                                       by_literal, {})
+    return tables
 
 
 @dataclass
@@ -255,25 +296,18 @@ class LogScanner:
     than :data:`LINE_CAP` is matched on its head and tail (counted in ``cut_lines``).
 
     How it stays fast: every catalogue pattern needs some literal text (``EADDRINUSE``, ``Watchdog caught``),
-    found from the pattern itself; ``str.find`` of those literals finds the few candidate lines in each
-    piece (GB/s), and only those lines go through the patterns, in table order, exactly as a
-    line-by-line pass would. A pattern with no such literal is searched whole (slower, still linear).
+    found from the pattern itself. The lines that contain one of those literals (the candidates) are found
+    in each piece by a few regex passes (see :func:`_scan_plan`: three for today's ~90 literals, instead of
+    one ``str.find`` pass per literal), which also say which literals each candidate holds; only those
+    lines go through the patterns that need those literals, in table order, exactly as a line-by-line pass
+    would. A pattern with no such literal is searched whole (slower, still linear).
     """
 
     def __init__(self, causes: Iterable[Cause] = CAUSES) -> None:
-        causes = tuple(causes)
-        self._table = [(c, c.compiled()) for c in causes]
-        self._literals, self._fallback = _triggers(causes)
-        # per pattern, the literals one of which it needs: a candidate line skips the patterns it cannot match
-        self._flat = [(c, rx) for c, rxs in self._table for rx in rxs]  # table order
-        self._always: list = []  # patterns with no literal: tried on every candidate line
-        self._by_literal: dict = {lit: [] for lit in self._literals}
-        for i, (_, rx) in enumerate(self._flat):
-            need = _covering(self._literals, _TRIGGER_CACHE["needs"].get(rx.pattern))
-            for lit in need if need is not None else ():
-                self._by_literal[lit].append(i)
-            if need is None:
-                self._always.append(i)
+        tables = _compiled(tuple(causes))
+        self._table, self._literals, self._fallback = tables.table, tables.literals, tables.fallback
+        self._plan, self._flat, self._always = tables.plan, tables.flat, tables.always
+        self._by_literal, self._plausible = tables.by_literal, tables.plausible
         self._found: dict = {}
         self._head = ""
         self._tail = ""
@@ -367,32 +401,53 @@ class LogScanner:
                 self._all.extend(block.split("\n")[:-1])
             else:
                 self._all, self.evidence_partial = None, True
-        # str.find is the fastest search Python has (GBs per second); a regex alternation is 10-100x slower.
-        found = set()
+        # The candidate lines and the literals each holds, in a few regex passes (see _scan_plan).
+        found: dict = {}
         find, rfind = block.find, block.rfind
-        for literal in self._literals:
-            i = find(literal)
-            while i != -1:
-                found.add(rfind("\n", 0, i) + 1)
-                i = find(literal, find("\n", i) + 1)
+        for rx, literal_of in self._plan:
+            if rx is None:  # a few literals, one str.find pass each
+                for literal in literal_of:
+                    i = find(literal)
+                    while i != -1:
+                        ls = rfind("\n", 0, i) + 1
+                        held = found.get(ls)
+                        if held is None:
+                            found[ls] = held = []
+                        held.append(literal)
+                        i = find(literal, find("\n", i) + 1)
+                continue
+            for m in rx.finditer(block):
+                ls = rfind("\n", 0, m.start()) + 1
+                held = found.get(ls)
+                if held is None:
+                    found[ls] = held = []
+                held.extend(literal_of[m.lastindex])
         for rx in self._fallback:  # patterns without a literal to search for: run whole (none today)
             m = rx.search(block)
             while m is not None:
-                found.add(rfind("\n", 0, m.start()) + 1)
+                found.setdefault(rfind("\n", 0, m.start()) + 1, [])
                 m = rx.search(block, find("\n", m.start()) + 1)
-        starts = sorted(found)
-        for ls in starts:
-            line = block[ls:block.find("\n", ls)]
-            if len(line) > LINE_CAP and not cut:
-                self.cut_lines += 1
-            self._line(_capped(line), block, ls)
+        literals = self._literals
+        for ls in sorted(found):
+            line = block[ls:find("\n", ls)]
+            if len(line) > LINE_CAP:
+                if not cut:
+                    self.cut_lines += 1
+                line = _capped(line)  # the patterns see the head and tail only: so do the literals
+                held_now = frozenset(lit for lit in literals if lit in line)
+            else:
+                held_now = frozenset(found[ls])
+            self._line(line, block, ls, held_now)
         self._prev = (self._prev + block[-_LOOKBACK_CHARS:])[-_LOOKBACK_CHARS:]
 
-    def _line(self, line: str, block: str, ls: int) -> None:
+    def _line(self, line: str, block: str, ls: int, held: frozenset) -> None:
+        """One candidate line (``held``: the literals in it). Each regex below is tried only where the text
+        it needs is in the line (``in`` is much cheaper than a regex call): the answer is the same."""
         if len(self._kept) < _MAX_KEPT:
             self._kept.append(line)
         m = _PREFIX.match(line)
-        sp = _SPAWN_BLOCK.match(line)
+        spawn_text = "terminated with" in line  # both mp.spawn regexes need it
+        sp = _SPAWN_BLOCK.match(line) if spawn_text else None
         if m:
             rank: Optional[int] = int(m.group(1))
         elif sp:  # mp.spawn's report: the child's traceback after it belongs to that process index
@@ -403,12 +458,12 @@ class LogScanner:
                                                                           "During handling")):
                 self._spawn_rank = None  # the child's exception line ends its traceback
         else:
-            n = _NCCL_RANK.search(line)
-            ex = _SPAWN_EXITED.search(line)
+            n = _NCCL_RANK.search(line) if "Rank " in line else None
+            ex = _SPAWN_EXITED.search(line) if spawn_text else None
             rank = int(n.group(1)) if n else (int(ex.group(1)) if ex else self._summary_rank(line, block, ls))
-        if self._spawn_line is None and (sp or _SPAWN_EXITED.search(line)):
+        if self._spawn_line is None and spawn_text and (sp or _SPAWN_EXITED.search(line)):
             self._spawn_line = len(self._kept) - 1
-        cause, hit = self._first_hit(line, rank)
+        cause, hit = self._first_hit(line, rank, held)
         if cause is not None:
             match = self._found.setdefault(cause.id, Match(cause))
             match.count += 1
@@ -422,28 +477,32 @@ class LogScanner:
             if cause.id == "gloo-connect-full-mesh" and _LOOPBACK.search(line):
                 match.extra = ("The address in the message is a loopback address: on a multi-node job this "
                                "node's hostname resolves to loopback, so the other nodes cannot reach it.")
-        if self._root is None and _ROOT.search(line):
+        if self._root is None and _ROOT_TEXT in line:
             parts = block[ls:].split("\n", _ROOT_WINDOW)
             self._root = [_capped(x) for x in (parts[:_ROOT_WINDOW] if len(parts) > _ROOT_WINDOW else parts[:-1])]
             self._root_need = _ROOT_WINDOW - len(self._root)
         if rank is None or (rank not in self._per_rank and len(self._per_rank) >= _MAX_RANKS):
             return
-        body = _PREFIX.sub("", line).strip()
-        f = _TB_FRAME.search(body)
+        body = (line[m.end():] if m else line).strip()  # _PREFIX.sub("", line): the prefix is at the start
+        f = _TB_FRAME.search(body) if 'File "' in body else None
         if f and "/site-packages/" not in f.group("file") and "/lib/python" not in f.group("file"):
             where = f"{f.group('func')} ({shown_path(f.group('file'))}:{f.group('line')})"
             self._per_rank.setdefault(rank, ["", ""])[1] = where
-        elif _EXC_LINE.match(body) and not body.startswith("Traceback"):
+        elif ("Error" in body or "Exception" in body or "Interrupt" in body) and _EXC_LINE.match(body) \
+                and not body.startswith("Traceback"):
             self._per_rank.setdefault(rank, ["", ""])[0] = body if len(body) <= 160 else body[:157] + "..."
 
-    def _first_hit(self, line: str, rank: Optional[int] = None) -> tuple:
-        """:func:`_first_hit`, skipping the patterns whose literals are not in the line."""
-        plausible = set(self._always)
-        for lit, indices in self._by_literal.items():
-            if indices and lit in line:
-                plausible.update(indices)
-        for i in sorted(plausible):
-            cause, rx = self._flat[i]
+    def _first_hit(self, line: str, rank: Optional[int], held: frozenset) -> tuple:
+        """:func:`_first_hit`, skipping the patterns whose literals are not in the line (``held``)."""
+        order = self._plausible.get(held)
+        if order is None:
+            plausible = set(self._always)
+            for lit in held:
+                plausible.update(self._by_literal.get(lit, ()))
+            order = tuple(self._flat[i] for i in sorted(plausible))
+            if len(self._plausible) < _MAX_PLAUSIBLE:
+                self._plausible[held] = order
+        for cause, rx in order:
             if cause.from_ranks and rank is None:
                 continue
             m = rx.search(line)
@@ -580,6 +639,99 @@ def _triggers(causes: tuple) -> tuple:
     kept = tuple(sorted(x for x in literals if not any(y != x and y in x for y in literals)))
     _TRIGGER_CACHE[key] = (kept, tuple(fallback))
     return _TRIGGER_CACHE[key]
+
+
+# Characters by how often they occur in job logs (tests/explain_corpus), most common first: the scan
+# plan prefers rarer anchors when two cover as many literals. Only the speed depends on it.
+_COMMON_CHARS = " eriatnolsc-/=dpuh.:1_0bgmy,k3f2()\"4v"
+_COMMON_FIND = 12  # a group on one of the 12 commonest characters with at most _FIND_AT_MOST literals:
+_FIND_AT_MOST = 4  # str.find each (measured: 3 finds 0.7 ms/MB, the regex pass on "l" 1.2 ms/MB)
+
+
+def _scan_plan(literals: tuple) -> tuple:
+    """The passes that find every occurrence of the literals, and say which literal each is.
+
+    Python has no fast multi-string search: one ``str.find`` pass per literal costs about 0.25 ms per MB
+    each (~90 literals: 20+ ms/MB), and one regex of all of them is slower still, as ``re`` checks each
+    alternative at each position. Here the literals are grouped by a character they contain (greedily:
+    the character in most literals, ``e`` in nearly all today; three groups in all). Each group is one
+    regex that starts with that character, so ``re`` runs its fastest loop (a scan for one character)
+    and tries the group only where the character is; after it comes a lookahead holding the rest of each
+    literal as a trie (one branch per next character, so a position costs a few comparisons) and a
+    lookbehind that checks the literal's head. The match is one character wide, so ``finditer`` tries
+    every position and finds every occurrence: the candidate lines are exactly those with a literal.
+    Linear time: at each position, at most the longest literal's length in comparisons per group.
+    A small group on a common character (``l``, three literals today) is cheaper as one ``str.find``
+    pass per literal (a regex pass stops at every occurrence of its character).
+
+    Each literal's empty group, last in its branch, says which literal matched (``m.lastindex``). Where
+    two literals of a group could match at the same position, only the first is said, so each index
+    maps to the literal and those it could hide: the set of literals found for a line may hold more than
+    the line does, never fewer (that set only narrows which patterns are tried on the line).
+
+    Returns: ((regex, (None, literals said by group 1, by group 2, ...)) or (None, literals to find
+    one by one), ...).
+    """
+    if literals in _PLAN_CACHE:
+        return _PLAN_CACHE[literals]
+    left = set(literals)
+    groups = []
+    while left:
+        holding = Counter(ch for lit in left for ch in set(lit))  # character -> literals holding it
+        ch = max(sorted(holding), key=lambda c: (holding[c], _rarity(c)))
+        group = sorted(lit for lit in left if ch in lit)
+        left.difference_update(group)
+        groups.append((ch, group))
+    plan: list = []
+    for ch, group in groups:
+        if len(group) <= _FIND_AT_MOST and _rarity(ch) < _COMMON_FIND:
+            plan.append((None, tuple(group)))
+            continue
+        at = {lit: lit.index(ch) for lit in group}
+        names = {lit: f"l{i}" for i, lit in enumerate(group)}
+        # at the leaf (the literal's end), the head before the anchor: the rest is matched already
+        branches = [(lit[at[lit] + 1:], (f"(?<={re.escape(lit[:at[lit]])}.{{{len(lit) - at[lit]}}})" if at[lit]
+                                          else "") + f"(?P<{names[lit]}>)") for lit in group]
+        rx = re.compile(re.escape(ch) + "(?=" + _trie(branches) + ")")
+        said = [None] * (rx.groups + 1)
+        by_next: dict = {}  # the character after the anchor ("": none): literals that differ there never overlap
+        for lit in group:
+            by_next.setdefault(lit[at[lit] + 1:at[lit] + 2], []).append(lit)
+        for lit in group:
+            after = lit[at[lit] + 1:at[lit] + 2]
+            near = group if not after else by_next.get(after, []) + by_next.get("", [])
+            hidden = [other for other in near if other != lit and _overlap(lit, at[lit], other, at[other])]
+            said[rx.groupindex[names[lit]]] = (lit, *hidden)
+        plan.append((rx, tuple(said)))
+    _PLAN_CACHE[literals] = tuple(plan)
+    return _PLAN_CACHE[literals]
+
+
+_PLAN_CACHE: dict = {}
+
+
+def _rarity(ch: str) -> int:
+    return _COMMON_CHARS.find(ch) if ch in _COMMON_CHARS else len(_COMMON_CHARS)
+
+
+def _trie(branches: list) -> str:
+    """A regex for (rest of a literal, its leaf regex) pairs: one alternative per next character."""
+    by_next: dict = {}
+    leaves = []
+    for rest, leaf in branches:
+        if rest:
+            by_next.setdefault(rest[0], []).append((rest[1:], leaf))
+        else:
+            leaves.append(leaf)
+    alternatives = [re.escape(ch) + _trie(sub) for ch, sub in sorted(by_next.items())] + leaves
+    return alternatives[0] if len(alternatives) == 1 else "(?:" + "|".join(alternatives) + ")"
+
+
+def _overlap(a: str, at_a: int, b: str, at_b: int) -> bool:
+    """Whether literals ``a`` and ``b`` can both occur with their anchors (``a[at_a]``, ``b[at_b]``) at one
+    position: they agree wherever they overlap."""
+    lo, hi = max(-at_a, -at_b), min(len(a) - at_a, len(b) - at_b)
+    return a[at_a + lo:at_a + hi] == b[at_b + lo:at_b + hi]
 
 
 def scan_text(text: str, causes: Iterable[Cause] = CAUSES) -> ScanResult:
