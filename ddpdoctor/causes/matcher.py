@@ -520,14 +520,17 @@ class LogScanner:
             above = above[-_LOOKBACK_LINES:]
         elif len(back) >= _LOOKBACK_CHARS and above:
             above = above[1:]  # the first piece may be the end of a longer line
+        # The nearest line that is either summary line. Each regex needs, after the indent (its \s* is what
+        # str.lstrip strips), "rank", "[" and a digit, "Root Cause", "Other Failures" or "=": the regexes run
+        # only on lines that start so. A line with a rank prefix ("[rank1]:", skipped by this walk) never does.
         for candidate in [line] + above[::-1]:
-            if candidate is not line and _PREFIX.match(candidate):
-                continue
-            s = _SUMMARY_RANK.match(candidate)
-            if s:
-                return int(s.group(1))
-            if _SUMMARY_END.match(candidate):
-                return None
+            start = candidate.lstrip()[:2]
+            if start and (start[0] in "rRO=" or (start[0] == "[" and start[1:].isdecimal())):
+                s = _SUMMARY_RANK.match(candidate)
+                if s:
+                    return int(s.group(1))
+                if _SUMMARY_END.match(candidate):
+                    return None
         return None
 
     def _first_failure(self) -> Optional[str]:
