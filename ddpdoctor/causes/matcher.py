@@ -243,7 +243,7 @@ class _Tables:
     table: list  # (cause, its compiled patterns), table order
     literals: tuple  # the literals every candidate line holds one of
     fallback: tuple  # patterns with no such literal (searched whole)
-    plan: tuple  # the regexes that find the literals (_scan_plan)
+    plan: tuple  # the passes that find the literals (_scan_plan)
     flat: list  # (cause, pattern) in table order
     always: list  # indices in flat of the patterns with no literal: tried on every candidate line
     by_literal: dict  # literal -> indices in flat of the patterns that need it
@@ -297,10 +297,11 @@ class LogScanner:
 
     How it stays fast: every catalogue pattern needs some literal text (``EADDRINUSE``, ``Watchdog caught``),
     found from the pattern itself. The lines that contain one of those literals (the candidates) are found
-    in each piece by a few regex passes (see :func:`_scan_plan`: three for today's ~90 literals, instead of
-    one ``str.find`` pass per literal), which also say which literals each candidate holds; only those
-    lines go through the patterns that need those literals, in table order, exactly as a line-by-line pass
-    would. A pattern with no such literal is searched whole (slower, still linear).
+    in each piece by a few passes (see :func:`_scan_plan`: two regexes and three ``str.find`` for today's
+    ~90 literals, instead of one ``str.find`` pass per literal), which also say which literals each
+    candidate holds; only those lines go through the patterns that need those literals, in table order,
+    exactly as a line-by-line pass would. A pattern with no such literal is searched whole (slower, still
+    linear).
     """
 
     def __init__(self, causes: Iterable[Cause] = CAUSES) -> None:
@@ -401,7 +402,7 @@ class LogScanner:
                 self._all.extend(block.split("\n")[:-1])
             else:
                 self._all, self.evidence_partial = None, True
-        # The candidate lines and the literals each holds, in a few regex passes (see _scan_plan).
+        # The candidate lines and the literals each holds, in a few passes (see _scan_plan).
         found: dict = {}
         find, rfind = block.find, block.rfind
         for rx, literal_of in self._plan:
@@ -520,14 +521,17 @@ class LogScanner:
             above = above[-_LOOKBACK_LINES:]
         elif len(back) >= _LOOKBACK_CHARS and above:
             above = above[1:]  # the first piece may be the end of a longer line
+        # The nearest line that is either summary line. Each regex needs, after the indent (its \s* is what
+        # str.lstrip strips), "rank", "[" and a digit, "Root Cause", "Other Failures" or "=": the regexes run
+        # only on lines that start so. A line with a rank prefix ("[rank1]:", skipped by this walk) never does.
         for candidate in [line] + above[::-1]:
-            if candidate is not line and _PREFIX.match(candidate):
-                continue
-            s = _SUMMARY_RANK.match(candidate)
-            if s:
-                return int(s.group(1))
-            if _SUMMARY_END.match(candidate):
-                return None
+            start = candidate.lstrip()[:2]
+            if start and (start[0] in "rRO=" or (start[0] == "[" and start[1:].isdecimal())):
+                s = _SUMMARY_RANK.match(candidate)
+                if s:
+                    return int(s.group(1))
+                if _SUMMARY_END.match(candidate):
+                    return None
         return None
 
     def _first_failure(self) -> Optional[str]:
@@ -694,7 +698,7 @@ def _scan_plan(literals: tuple) -> tuple:
                                           else "") + f"(?P<{names[lit]}>)") for lit in group]
         rx = re.compile(re.escape(ch) + "(?=" + _trie(branches) + ")")
         said = [None] * (rx.groups + 1)
-        by_next: dict = {}  # the character after the anchor ("": none): literals that differ there never overlap
+        by_next: dict = {}  # the character after the anchor ("": none): literals differing there never overlap
         for lit in group:
             by_next.setdefault(lit[at[lit] + 1:at[lit] + 2], []).append(lit)
         for lit in group:
