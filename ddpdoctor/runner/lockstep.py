@@ -32,7 +32,7 @@ STACK_WAIT = 1.0  # seconds the silent ranks' supervisors get to answer a stack 
 # per core) it is scaled, never to infinity (issue 18: a healthy world must not end in a false
 # TIMEOUT). The scale is the larger of the crowding (ranks per core over CROWDING_REFERENCE) and the
 # measured seconds per collective (the slowest rank's, reported by the checks as
-# ``collective_seconds``: process-group's first all_reduce, the collectives check's mean) over
+# ``collective_seconds``: process-group's first all_reduce on gloo, the collectives check's mean) over
 # SCALE_REFERENCE, at most MAX_SCALE.
 SCALE_REFERENCE = 0.25  # seconds per collective that an unscaled deadline has room for
 CROWDING_REFERENCE = 16.0  # ranks per core from which the deadline scales before anything is measured
