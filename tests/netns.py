@@ -150,6 +150,9 @@ class Hosts:
                 except ProcessLookupError:
                     pass
                 p.wait()
+            for pipe in (p.stdin, p.stdout, p.stderr):  # a host killed here was never read to the end
+                if pipe is not None and not pipe.closed:
+                    pipe.close()
         for ns in self.names + [self.switch]:
             pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
             for pid in pids:

@@ -232,6 +232,8 @@ def test_a_host_whose_link_dies_mid_test_is_named_silent_without_waiting_out_the
         pulled["at"] = time.monotonic()
 
     delay = {i: {"DDPDOCTOR_LOCATE_DELAY_MS": "200"} for i in range(4)}
+    # node3's rank is SIGKILLed at the end (cut off, it still waits): its work folder lands in tmp_path
+    delay[3]["TMPDIR"] = str(tmp_path)
     with Hosts(4) as h:
         out, report, doc = _locate_world(h, cli_env, tmp_path, extra_env=delay, args=("--round-timeout", "4"),
                                          during=pull, wait=[0, 1, 2])
