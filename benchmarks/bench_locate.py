@@ -7,8 +7,9 @@
    simulated time, beside what an all-pairs sweep (N-1 rounds) and two-round pairing (the plan cut
    after its re-pairing round, as DLRover's node check does) would have needed and found.
 2. Real (root and iproute2): wall time of ``ddpdoctor locate`` on 4 and 8 network-namespace hosts,
-   one rank each, against one full-world all_reduce sweep of the same size (``ddpdoctor bench``),
-   medians of ``--repeat`` interleaved runs.
+   one rank each, against one full-world all_reduce sweep of the same size (``ddpdoctor bench --ops
+   all_reduce``: sum, max, min, avg), medians of ``--repeat`` interleaved runs; both the whole command
+   (start-up included) and the check's own time as its report states it.
 
 Usage: python benchmarks/bench_locate.py [--trials 1000] [--sizes 8,64,512,4096] [--real] [--repeat 3]
 """
@@ -72,16 +73,22 @@ def real(hosts_list: list, repeat: int) -> None:
         return
     base = {k: v for k, v in os.environ.items() if not k.startswith(
         ("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "SLURM_", "OMPI_", "PMI_", "TORCHELASTIC_", "DDPDOCTOR_"))}
-    print("# real: network-namespace hosts, one rank each, 1 MiB all_reduce (medians of interleaved runs)")
-    print("| hosts | locate s | rounds | full-world all_reduce sweep s | ratio |")
-    print("|---|---|---|---|---|")
+    print(f"# real: network-namespace hosts, one rank each, 1 MiB all_reduce, medians of {repeat} interleaved runs; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print("# whole command: start-up (Python, torch, rendezvous) included; check: the check's own time as reported")
+    print("| hosts | locate: command s | locate: check s | rounds | sweep: command s | sweep: check s "
+          "| ratio, command | ratio, check |")
+    print("|---|---|---|---|---|---|---|---|")
+    own = re.compile(r"^\[\w+\]\s+(?:locate|collectives-bench)\s.*\((\d+(?:\.\d+)?)s\)\s*$", re.M)
     for n in hosts_list:
         with Hosts(n) as h:
-            times = {"locate": [], "sweep": []}
+            times: dict = {"locate": [], "sweep": []}
+            checks: dict = {"locate": [], "sweep": []}
             rounds = []
             for i in range(repeat):
-                for what in ("locate", "sweep"):
-                    port = 29450 + i
+                order = ("locate", "sweep") if i % 2 == 0 else ("sweep", "locate")
+                for what in order:
+                    port = 29450 + 2 * i + (what == "sweep")
                     args = (["locate", "--size", "1M", "--iters", "5", "--tolerance", "0.9"] if what == "locate" else
                             ["bench", "--ops", "all_reduce", "--min-bytes", "1M", "--max-bytes", "1M", "--iters", "5",
                              "--warmup", "1"])
@@ -92,23 +99,32 @@ def real(hosts_list: list, repeat: int) -> None:
                                       "GLOO_SOCKET_IFNAME": "eth0", "NO_COLOR": "1"}) for r in range(n)]
                     outs = [p.communicate(timeout=300) for p in procs]
                     times[what].append(time.perf_counter() - t0)
+                    report = next((o for o, _ in outs if own.search(o)), "")
+                    if not report or any(p.returncode != 0 for p in procs):
+                        raise SystemExit(f"{what} on {n} hosts failed: {[p.returncode for p in procs]}\n{report}"
+                                         f"{outs[0][1][-2000:]}")
+                    checks[what].append(float(own.search(report).group(1)))
                     if what == "locate":
-                        found = [re.search(r"(\d+) rounds in", o) for o, _ in outs]
-                        rounds += [int(m.group(1)) for m in found if m][:1]
+                        found = re.search(r"(\d+) rounds in", report)
+                        rounds += [int(found.group(1))] if found else []
             loc, sweep = statistics.median(times["locate"]), statistics.median(times["sweep"])
-            print(f"| {n} | {loc:.2f} | {rounds[0] if rounds else '?'} | {sweep:.2f} | {loc / sweep:.2f}x |", flush=True)
+            cloc, csweep = statistics.median(checks["locate"]), statistics.median(checks["sweep"])
+            print(f"| {n} | {loc:.2f} | {cloc:.2f} | {max(rounds) if rounds else '?'} | {sweep:.2f} | {csweep:.2f} "
+                  f"| {loc / sweep:.2f}x | {cloc / csweep:.2f}x |", flush=True)
+    print(f"# load average after: {os.getloadavg()[0]:.1f}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trials", type=int, default=1000)
+    ap.add_argument("--trials", type=int, default=1000, help="0: no simulation (with --real: only the real runs)")
     ap.add_argument("--sizes", default="8,64,512,4096")
     ap.add_argument("--noise", type=float, default=0.05)
     ap.add_argument("--real", action="store_true", help="also time locate on 4 and 8 namespace hosts")
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     print(f"# load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    simulate([int(s) for s in args.sizes.split(",")], args.trials, args.noise)
+    if args.trials > 0:
+        simulate([int(s) for s in args.sizes.split(",")], args.trials, args.noise)
     if args.real:
         real([4, 8], args.repeat)
 

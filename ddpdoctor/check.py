@@ -236,6 +236,12 @@ class Check:
         """Combine every rank's outcome; override to compare ranks (the default: worst wins)."""
         return merge_outcomes(self.name, outcomes)
 
+    def named_silent(self, outcomes: Sequence[Outcome]) -> frozenset:
+        """Ranks this check's own result names as not answering (``locate``'s silent nodes), from the
+        outcomes reported so far: once every other rank reported, the runner waits for these only a
+        short grace, then merges as usual (their outcomes: TIMEOUT). The default: none."""
+        return frozenset()
+
     def explain_trouble(self, result: CheckResult, store: Any, world: WorldInfo) -> CheckResult:
         """Refine the result of a run with hung or dead ranks, e.g. with progress the ranks wrote to
         the control ``store``; the default keeps the runner's report."""

@@ -2,8 +2,14 @@
 
 Each host is a namespace with its own loopback, an ``eth0`` on the 10.213.<net>.0/24 test network
 (addresses of our own test hosts only) and its own hostname (a UTS namespace per command). Used by
-tests/test_multihost.py and benchmarks/fault_matrix.py; needs root and iproute2. Every host is a
-fresh namespace, so a port chosen inside one cannot collide with anything else on the machine.
+tests/test_multihost.py, tests/test_locate.py, benchmarks/fault_matrix.py and bench_locate.py; needs
+root and iproute2. Every host is a fresh namespace, so a port chosen inside one cannot collide with
+anything else on the machine.
+
+``Hosts(n, switches=(2, 2))`` puts the hosts behind several switches (one bridge each, hosts in order),
+every switch after the first joined to the first by an uplink (a veth pair): ``slow_uplink`` rate-limits
+one with ``tc tbf``, a switch whose uplink is congested. :class:`CpuQuota` starves a process of CPU
+with a cgroup quota (v2 ``cpu.max``, or v1 ``cpu.cfs_quota_us``).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import time
 import uuid
 from typing import Optional, Sequence
 
-__all__ = ["Hosts", "netns_unavailable"]
+__all__ = ["Hosts", "CpuQuota", "netns_unavailable"]
 
 
 def netns_unavailable() -> Optional[str]:
@@ -40,10 +46,14 @@ def _ip(*args: str) -> None:
 
 
 class Hosts:
-    """``n`` test hosts on a private bridge; use as a context manager (everything is removed on exit)."""
+    """``n`` test hosts on a private bridge (or on ``switches``: how many hosts behind each bridge, in
+    host order); use as a context manager (everything is removed on exit)."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, switches: Optional[Sequence[int]] = None) -> None:
         self.n = n
+        self.switches = list(switches or [n])
+        if sum(self.switches) != n or min(self.switches) < 1:
+            raise ValueError(f"switches={switches}: one or more hosts behind each, {n} in all")
         self.tag = uuid.uuid4().hex[:6]
         self.net = 1 + int(self.tag, 16) % 250
         self.switch = f"ddpd-{self.tag}-sw"
@@ -55,8 +65,15 @@ class Hosts:
     def __enter__(self) -> "Hosts":
         try:
             _ip("netns", "add", self.switch)
-            _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
-            _ip("-n", self.switch, "link", "set", "br0", "up")
+            for k in range(len(self.switches)):
+                _ip("-n", self.switch, "link", "add", f"br{k}", "type", "bridge")
+                _ip("-n", self.switch, "link", "set", f"br{k}", "up")
+            for k in range(1, len(self.switches)):  # switch k's uplink to switch 0: up{k} on br0, dn{k} on br{k}
+                _ip("-n", self.switch, "link", "add", f"up{k}", "type", "veth", "peer", "name", f"dn{k}")
+                for end, br in ((f"up{k}", "br0"), (f"dn{k}", f"br{k}")):
+                    _ip("-n", self.switch, "link", "set", end, "master", br)
+                    _ip("-n", self.switch, "link", "set", end, "up")
+            behind = [k for k, count in enumerate(self.switches) for _ in range(count)]
             for i, ns in enumerate(self.names):
                 _ip("netns", "add", ns)
                 _ip("-n", ns, "link", "set", "lo", "up")
@@ -66,7 +83,7 @@ class Hosts:
                 _ip("-n", ns, "link", "set", f"d{self.tag}h{i}", "name", "eth0")
                 _ip("-n", ns, "addr", "add", f"{self.addrs[i]}/24", "dev", "eth0")
                 _ip("-n", ns, "link", "set", "eth0", "up")
-                _ip("-n", self.switch, "link", "set", f"d{self.tag}s{i}", "master", "br0")
+                _ip("-n", self.switch, "link", "set", f"d{self.tag}s{i}", "master", f"br{behind[i]}")
                 _ip("-n", self.switch, "link", "set", f"d{self.tag}s{i}", "up")
         except BaseException:
             self.close()
@@ -95,6 +112,25 @@ class Hosts:
         """Take host ``i``'s cable out (or put it back): its switch port goes down."""
         _ip("-n", self.switch, "link", "set", f"d{self.tag}s{i}", "up" if up else "down")
 
+    def slow_uplink(self, k: int, rate: str = "40mbit") -> None:
+        """Switch ``k``'s uplink (k >= 1) carries at most ``rate`` each way (token bucket on both ends)."""
+        for end in (f"up{k}", f"dn{k}"):
+            p = subprocess.run(["ip", "netns", "exec", self.switch, "tc", "qdisc", "add", "dev", end, "root", "tbf",
+                                "rate", rate, "burst", "32kb", "latency", "400ms"], capture_output=True, text=True)
+            if p.returncode != 0:
+                raise RuntimeError(f"tc on {end}: {p.stderr.strip()}")
+
+    def slow_host(self, i: int, rate: str = "40mbit") -> None:
+        """Host ``i``'s own cable carries at most ``rate`` out of it (token bucket on its eth0)."""
+        subprocess.run(["ip", "netns", "exec", self.names[i], "tc", "qdisc", "add", "dev", "eth0", "root", "tbf",
+                        "rate", rate, "burst", "32kb", "latency", "400ms"], check=True)
+
+    def established(self, i: int) -> int:
+        """How many TCP connections host ``i`` has established (``ss -Htn``)."""
+        p = subprocess.run(["ip", "netns", "exec", self.names[i], "ss", "-Htn", "state", "established"],
+                           capture_output=True, text=True)
+        return len([line for line in p.stdout.splitlines() if line.strip()])
+
     def blackhole(self, src: int, dst: int) -> None:
         """Frames from host ``src`` to host ``dst`` vanish (a static neighbour with a MAC nobody has):
         ``dst`` looks up but silently drops every packet."""
@@ -114,6 +150,9 @@ class Hosts:
                 except ProcessLookupError:
                     pass
                 p.wait()
+            for pipe in (p.stdin, p.stdout, p.stderr):  # a host killed here was never read to the end
+                if pipe is not None and not pipe.closed:
+                    pipe.close()
         for ns in self.names + [self.switch]:
             pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
             for pid in pids:
@@ -123,3 +162,89 @@ class Hosts:
                     pass
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         time.sleep(0.05)
+
+
+class CpuQuota:
+    """A cgroup whose processes share at most ``fraction`` of one CPU; a context manager that puts the
+    processes back in the root group and removes itself on exit.
+
+    cgroup v2 (``cpu.max``) where ``/sys/fs/cgroup`` is cgroup2 with the cpu controller enabled for its
+    children, else the v1 cpu controller (``/sys/fs/cgroup/cpu``, ``cpu.cfs_quota_us``).
+    """
+
+    PERIOD_US = 100_000
+
+    def __init__(self) -> None:
+        self.root, self.v2 = _cpu_cgroup_root()
+        if self.root is None:
+            raise RuntimeError(str(self.v2))
+        self.path = os.path.join(self.root, f"ddpd-cpu-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+
+    @staticmethod
+    def unavailable() -> Optional[str]:
+        """Why a CPU quota cannot be set here, or None when it can."""
+        root, why = _cpu_cgroup_root()
+        return None if root is not None else str(why)
+
+    def __enter__(self) -> "CpuQuota":
+        os.mkdir(self.path)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def add(self, pid: int) -> None:
+        """Move process ``pid`` (all its threads) into the group; its later children are born in it."""
+        with open(os.path.join(self.path, "cgroup.procs"), "w") as f:
+            f.write(str(pid))
+
+    def limit(self, fraction: Optional[float]) -> None:
+        """At most ``fraction`` of one CPU from now on (None: no limit)."""
+        quota = None if fraction is None else max(1000, int(self.PERIOD_US * fraction))
+        if self.v2:
+            with open(os.path.join(self.path, "cpu.max"), "w") as f:
+                f.write(f"{'max' if quota is None else quota} {self.PERIOD_US}")
+        else:
+            with open(os.path.join(self.path, "cpu.cfs_period_us"), "w") as f:
+                f.write(str(self.PERIOD_US))
+            with open(os.path.join(self.path, "cpu.cfs_quota_us"), "w") as f:
+                f.write(str(-1 if quota is None else quota))
+
+    def close(self) -> None:
+        if not os.path.isdir(self.path):
+            return
+        try:
+            with open(os.path.join(self.path, "cgroup.procs")) as f:
+                pids = f.read().split()
+        except OSError:
+            pids = []
+        for pid in pids:  # back to the root group, so the group can be removed even if they live on
+            try:
+                with open(os.path.join(self.root, "cgroup.procs"), "w") as f:
+                    f.write(pid)
+            except OSError:
+                pass
+        for _ in range(50):
+            try:
+                os.rmdir(self.path)
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
+def _cpu_cgroup_root() -> tuple:
+    """(the cgroup folder to make a child in, True for v2) or (None, why not)."""
+    if os.geteuid() != 0:
+        return None, "needs root to make a cgroup"
+    base = "/sys/fs/cgroup"
+    try:
+        with open(os.path.join(base, "cgroup.subtree_control")) as f:
+            if "cpu" in f.read().split() and os.access(base, os.W_OK):
+                return base, True
+    except OSError:
+        pass
+    v1 = os.path.join(base, "cpu")
+    if os.path.isfile(os.path.join(v1, "cpu.cfs_quota_us")) and os.access(v1, os.W_OK):
+        return v1, False
+    return None, ("no writable cgroup with a cpu controller (neither cgroup2 /sys/fs/cgroup with cpu in "
+                  "cgroup.subtree_control nor cgroup v1 /sys/fs/cgroup/cpu)")

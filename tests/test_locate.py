@@ -8,13 +8,14 @@ import math
 import random
 import subprocess
 import sys
+import time
 
 import pytest
 
 from ddpdoctor.locate.planner import Judge, Locator, Reading
 from ddpdoctor.locate.simulation import run_plan, scenario, score
 from jobscripts import torchrun
-from netns import Hosts, netns_unavailable
+from netns import CpuQuota, Hosts, netns_unavailable
 
 PY = sys.executable
 
@@ -96,7 +97,10 @@ def test_every_round_is_disjoint_and_the_plan_is_deterministic():
 needs_netns = pytest.mark.skipif(netns_unavailable() is not None, reason=str(netns_unavailable()))
 
 
-def _locate_world(h: Hosts, cli_env: dict, tmp_path, extra_env=None, args=()):
+def _locate_world(h: Hosts, cli_env: dict, tmp_path, extra_env=None, args=(), during=None, wait=None):
+    """``ddpdoctor locate`` on every host (one rank each); ``during(h, procs)`` runs once they started
+    (a fault made mid-test); ``wait``: the hosts whose exit to wait for (all by default; the others
+    are killed when ``h`` closes). (per-host results, rank 0's report, its JSON)."""
     port = 29431
     procs = []
     for i in range(h.n):
@@ -109,12 +113,27 @@ def _locate_world(h: Hosts, cli_env: dict, tmp_path, extra_env=None, args=()):
         if i == 0:
             argv += ["--json", str(tmp_path / "locate.json")]
         procs.append(h.popen(i, argv, env))
+    if during is not None:
+        during(h, procs)
     out = []
-    for p in procs:
-        o, e = p.communicate(timeout=150)
-        out.append((p.returncode, o, e))
+    for i in (range(h.n) if wait is None else wait):
+        o, e = procs[i].communicate(timeout=150)
+        out.append((procs[i].returncode, o, e))
     report = next(o for _, o, _ in out if "locate" in o)
     return out, report, json.loads((tmp_path / "locate.json").read_text())
+
+
+def _after_rendezvous(h: Hosts, host: int, procs, limit: float = 120.0) -> None:
+    """Until ``host`` holds a TCP connection (to the store, once its rank started; the process group
+    follows within milliseconds) or a rank ended."""
+    deadline = time.monotonic() + limit
+    while h.established(host) == 0:
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "the ranks never met"
+        time.sleep(0.05)
+
+
+def _named(verdict, hosts):
+    return [(s["kind"], [hosts[n] for n in s["nodes"]], [hosts[n] for n in s["other"]]) for s in verdict["suspects"]]
 
 
 def _verdict(doc):
@@ -133,8 +152,7 @@ def test_rate_limited_host_is_named_and_a_clean_world_names_no_one(cli_env, tmp_
         assert [c for c, _, _ in out] == [0] * 4, out
         assert check["status"] == "pass" and verdict["suspects"] == [], report
         # host 2's cable is slowed far below the veth's speed (egress, token bucket)
-        subprocess.run(["ip", "netns", "exec", h.names[2], "tc", "qdisc", "add", "dev", "eth0", "root", "tbf",
-                        "rate", "40mbit", "burst", "32kb", "latency", "400ms"], check=True)
+        h.slow_host(2, "40mbit")
         out, report, doc = _locate_world(h, cli_env, tmp_path)
         check, verdict, hosts = _verdict(doc)
         assert check["status"] == "warn", report
@@ -151,6 +169,109 @@ def test_delayed_rank_is_named_through_the_fault_seam(cli_env, tmp_path):
         out, report, doc = _locate_world(h, cli_env, tmp_path, extra_env={1: {"DDPDOCTOR_LOCATE_DELAY_MS": "200"}})
         check, verdict, hosts = _verdict(doc)
         assert [(s["kind"], [hosts[n] for n in s["nodes"]]) for s in verdict["suspects"]] == [("node", ["node1"])], report
+
+
+@needs_netns
+@pytest.mark.netns
+@pytest.mark.timeout(200)
+def test_two_switches_with_a_slow_uplink_are_named_as_the_cut_and_clean_as_nothing(cli_env, tmp_path):
+    """Hosts 0-1 behind one switch, 2-3 behind another; the uplink between them carries 40 Mbit/s
+    (tbf, both ways) against the veth's several Gbit/s. Every pair inside a switch is fine, so only
+    the world, the halving and the cross rounds see it: the verdict is the cut between the two
+    groups, not a node."""
+    with Hosts(4, switches=(2, 2)) as h:
+        out, report, doc = _locate_world(h, cli_env, tmp_path)
+        check, verdict, hosts = _verdict(doc)
+        assert [c for c, _, _ in out] == [0] * 4, out
+        assert check["status"] == "pass" and verdict["suspects"] == [], report
+        h.slow_uplink(1, "40mbit")
+        out, report, doc = _locate_world(h, cli_env, tmp_path)
+        check, verdict, hosts = _verdict(doc)
+        assert check["status"] == "warn", report
+        assert _named(verdict, hosts) == [("cut", ["node0", "node1"], ["node2", "node3"])], report
+        kinds = [r["kind"] for r in verdict["readings"]]
+        assert "halves" in kinds and "cross" in kinds, kinds
+        assert "cut node0, node1 (ranks 0-1) | node2, node3 (ranks 2-3)" in report
+        assert verdict["rounds"] <= 2 * math.ceil(math.log2(4)) + 3
+
+
+@needs_netns
+@pytest.mark.netns
+@pytest.mark.timeout(300)
+def test_a_switch_behind_a_slow_uplink_is_named_as_its_group_and_clean_as_nothing(cli_env, tmp_path):
+    """Eight hosts: 0-5 behind switch 0, 6-7 behind switch 1 whose uplink is rate-limited. The
+    halving narrows the slow world to (4-7), its halves are fine, and the cross round pairs each
+    side with healthy hosts from elsewhere: (6,7) stays slow, so the group node6, node7 is named."""
+    with Hosts(8, switches=(6, 2)) as h:
+        out, report, doc = _locate_world(h, cli_env, tmp_path)
+        check, verdict, hosts = _verdict(doc)
+        assert [c for c, _, _ in out] == [0] * 8, out
+        assert check["status"] == "pass" and verdict["suspects"] == [], report
+        h.slow_uplink(1, "40mbit")
+        out, report, doc = _locate_world(h, cli_env, tmp_path)
+        check, verdict, hosts = _verdict(doc)
+        assert check["status"] == "warn", report
+        assert _named(verdict, hosts) == [("group", ["node6", "node7"], [])], report
+        assert "group node6, node7 (ranks 6-7)" in report and "check their switch, uplink" in report
+        assert verdict["rounds"] <= 2 * math.ceil(math.log2(8)) + 3
+
+
+@needs_netns
+@pytest.mark.netns
+@pytest.mark.timeout(200)
+def test_a_host_whose_link_dies_mid_test_is_named_silent_without_waiting_out_the_timeout(cli_env, tmp_path):
+    """node3's switch port goes down after the rendezvous, while the first round runs (every rank's
+    calls are slowed by 200 ms through the seam so that round lasts seconds). The others finish
+    within the round deadlines, not the 120 s --timeout, and name node3 silent (exit 1)."""
+    pulled = {}
+
+    def pull(h, procs):
+        _after_rendezvous(h, 3, procs)
+        time.sleep(1.0)
+        h.link(3, False)
+        pulled["at"] = time.monotonic()
+
+    delay = {i: {"DDPDOCTOR_LOCATE_DELAY_MS": "200"} for i in range(4)}
+    # node3's rank is SIGKILLed at the end (cut off, it still waits): its work folder lands in tmp_path
+    delay[3]["TMPDIR"] = str(tmp_path)
+    with Hosts(4) as h:
+        out, report, doc = _locate_world(h, cli_env, tmp_path, extra_env=delay, args=("--round-timeout", "4"),
+                                         during=pull, wait=[0, 1, 2])
+        took = time.monotonic() - pulled["at"]
+        check, verdict, hosts = _verdict(doc)
+        assert [c for c, _, _ in out] == [1, 1, 1], out
+        assert check["status"] == "fail", report
+        assert _named(verdict, hosts) == [("silent", ["node3"], [])], report
+        assert "silent node3 (rank 3)" in report and "did not answer within the round's deadline" in report
+        # a round lasts at most about 2 * --round-timeout + 5 s; the runner does not wait for node3
+        assert took < 60, (took, report)
+
+
+@needs_netns
+@pytest.mark.netns
+@pytest.mark.skipif(CpuQuota.unavailable() is not None, reason=str(CpuQuota.unavailable()))
+@pytest.mark.timeout(200)
+def test_a_cpu_starved_host_is_named(cli_env, tmp_path):
+    """node1's rank gets 2% of one CPU (a cgroup quota) once it has joined: gloo's copies and
+    reductions are CPU work, so its bandwidth falls by far more than 10x and it is named as a node,
+    in its pair and again with a healthy partner. (The clean world of this shape is the first half
+    of the rate-limit test.)"""
+    def starve(h, procs):
+        quota.add(procs[1].pid)  # the process and all it starts; no limit while Python starts
+        _after_rendezvous(h, 1, procs)
+        quota.limit(0.02)
+
+    def lift_when_done(h, procs):
+        starve(h, procs)
+        procs[0].wait(timeout=150)
+        quota.limit(None)  # let node1's rank end quickly
+
+    with Hosts(4) as h, CpuQuota() as quota:
+        out, report, doc = _locate_world(h, cli_env, tmp_path, during=lift_when_done)
+        check, verdict, hosts = _verdict(doc)
+        assert check["status"] == "warn", report
+        assert _named(verdict, hosts) == [("node", ["node1"], [])], report
+        assert "node node1 (rank 1)" in report and "with a healthy node" in report
 
 
 def test_locate_is_listed_but_not_run_by_default(cli_env):

@@ -52,6 +52,7 @@ class Reading:
     busbw: Optional[float]
     latency_us: Optional[float] = None
     silent: tuple = ()  # nodes that did not answer within the round's deadline
+    error: str = ""  # why a member that answered has no figure (a timeout, a broken connection)
 
     @property
     def answered(self) -> bool:
@@ -114,29 +115,61 @@ class Judge:
         drop: relative: slower than the median by at least this fraction ...
         mads: ... and by at least this many scaled MADs (robust to one machine's normal noise).
         latency_rise: latency above the median by at least this fraction (and ``mads`` MADs).
+        size: bytes per all_reduce of the big test. Given, a test of n > 2 nodes is judged against what
+            healthy pairs predict for n nodes, not against the pairs themselves: a ring all_reduce
+            takes 2(n-1) steps where a pair takes 2, so its fixed cost grows with n (the pairs' small-
+            message latency times n-1) while its bandwidth term stays; a healthy world of many nodes
+            (or of CPU ranks sharing cores) has a lower bus bandwidth than a pair. None: no scaling.
     """
 
     min_busbw: Optional[float] = None
     drop: float = 0.3
     mads: float = 4.0
     latency_rise: float = 1.0
+    size: Optional[int] = None
 
     def __post_init__(self) -> None:
         # a loose bandwidth tolerance loosens the latency one alike (0.9: ten times the median)
         object.__setattr__(self, "latency_rise", max(self.latency_rise, self.drop / (1 - self.drop)))
 
+    def expected(self, nodes: int, bw: Baseline, lat: Baseline) -> tuple:
+        """The baselines for a test of ``nodes`` nodes from the pairs' ones (unchanged for 2 or fewer,
+        without ``size``, or without both baselines)."""
+        if (self.size is None or nodes <= 2 or bw.count < 1 or lat.count < 1 or not bw.median > 0
+                or not math.isfinite(lat.median)):
+            return bw, lat
+        pair_s = self.size / (bw.median * 1e9)  # a pair's big call: busbw = algbw for 2 nodes
+        fixed_s = min(lat.median * 1e-6, pair_s)  # of which the fixed cost of its 2 steps
+        moved = 2 * (nodes - 1) / nodes
+        seconds = (nodes - 1) * fixed_s + moved * (pair_s - fixed_s)
+        busbw = self.size * moved / seconds / 1e9
+        k = busbw / bw.median
+        return (Baseline(busbw, bw.spread * k, bw.count),
+                Baseline(lat.median * (nodes - 1), lat.spread * (nodes - 1), lat.count))
+
     def slow(self, r: Reading, bw: Baseline, lat: Baseline) -> Optional[str]:
-        """Why ``r`` is slow (a phrase for the evidence), or None when it is not."""
+        """Why ``r`` is slow (a phrase for the evidence), or None when it is not.
+
+        ``bw`` and ``lat`` are the pairs' (or the same test's) baselines; for a test of more nodes they
+        are scaled first (:meth:`expected`)."""
         if not r.answered:
             return "no answer"
         if self.min_busbw is not None and r.busbw < self.min_busbw:
             return f"{r.busbw:.3g} GB/s is below --min-busbw {self.min_busbw:g}"
-        if bw.count >= 2 and r.busbw < bw.median - max(self.mads * bw.spread, self.drop * bw.median):
+        n = len(r.probe.nodes)
+        ebw, elat = self.expected(n, bw, lat)
+        scaled = ebw is not bw
+        if ebw.count >= 2 and r.busbw < ebw.median - max(self.mads * ebw.spread, self.drop * ebw.median):
+            if scaled:
+                return f"{r.busbw:.3g} GB/s vs {ebw.median:.3g} expected of {n} nodes (median pair {bw.median:.3g})"
             return f"{r.busbw:.3g} GB/s vs median {bw.median:.3g}"
         # latency counts only for a test whose bandwidth is not among the best (a busy CPU delays small
         # messages of healthy tests too)
-        if (r.latency_us is not None and lat.count >= 2 and not (bw.count >= 2 and r.busbw >= bw.median)
-                and r.latency_us > lat.median + max(self.mads * lat.spread, self.latency_rise * lat.median)):
+        if (r.latency_us is not None and elat.count >= 2 and not (ebw.count >= 2 and r.busbw >= ebw.median)
+                and r.latency_us > elat.median + max(self.mads * elat.spread, self.latency_rise * elat.median)):
+            if scaled:
+                return (f"latency {r.latency_us:.3g} us vs {elat.median:.3g} expected of {n} nodes "
+                        f"(median pair {lat.median:.3g})")
             return f"latency {r.latency_us:.3g} us vs median {lat.median:.3g}"
         return None
 
@@ -185,7 +218,8 @@ class Verdict:
         return {"suspects": [s.to_dict() for s in self.suspects], "rounds": self.rounds, "stopped": self.stopped,
                 "baseline": None if b is None else {"median_busbw": b.median, "mad_busbw": b.spread, "count": b.count},
                 "readings": [{"round": i, "kind": r.probe.kind, "nodes": list(r.probe.nodes), "busbw": r.busbw,
-                              "latency_us": r.latency_us, "silent": list(r.silent)} for i, r in self.readings]}
+                              "latency_us": r.latency_us, "silent": list(r.silent),
+                              **({"error": r.error} if r.error else {})} for i, r in self.readings]}
 
 
 @dataclass
@@ -255,6 +289,11 @@ class Locator:
                               f"no answer within the round's deadline")
         getattr(self, f"_after_{self.state}")(got)
 
+    def silent(self, node: int, evidence: str) -> None:
+        """Name ``node`` silent before (or between) rounds, e.g. it never said who it is: it is left out
+        of every later test."""
+        self._suspect("silent", (node,), evidence)
+
     def verdict(self) -> Verdict:
         return Verdict(list(self.suspects), self.rounds, list(self.log), self._bw, self.stopped)
 
@@ -279,12 +318,12 @@ class Locator:
     def _next(self) -> list:
         live = [n for n in range(self.nodes) if n not in self._excluded()]
         if self.state == INTRA:
-            return [Probe((n,), INTRA) for n in range(self.nodes)]
+            return [Probe((n,), INTRA) for n in live]
         if self.state == PAIRS:
-            if self.nodes < 2:
+            if len(live) < 2:
                 self.state = DONE
                 return []
-            return [Probe((a, a + 1), PAIRS) for a in range(0, self.nodes - 1, 2)]
+            return [Probe((live[i], live[i + 1]), PAIRS) for i in range(0, len(live) - 1, 2)]
         if self.state == REPAIR:
             return self._repair_round()
         if self.state == WORLD:
@@ -342,7 +381,8 @@ class Locator:
                 self._candidates += [n for n in r.probe.nodes if n not in self._candidates]
             else:
                 self._good += list(r.probe.nodes)
-        self._candidates += [n for n in range(self.nodes) if n not in paired]  # the odd node out
+        excluded = self._excluded()
+        self._candidates += [n for n in range(self.nodes) if n not in paired and n not in excluded]  # the odd node out
         if self._candidates and not self._good:
             if self.judge.min_busbw is not None and all(
                     r.busbw is not None and r.busbw < self.judge.min_busbw for r in answered) and answered:

@@ -3,8 +3,9 @@
 It runs in the supervising process of the local world, or in rank 0's supervisor in joined mode.
 For each check it publishes a directive (run, skip, supervisor, stop), then waits for every rank's
 outcome until the deadline, or until a short grace after a rank failed, crashed or ended (that rank is
-the cause: the others are waiting for it, see :mod:`verdict`). A rank that ended becomes CRASH (exit
-code or signal, and its log); a rank still silent is stopped after its Python stack is taken. After
+the cause: the others are waiting for it, see :mod:`verdict`), or after the others reported a verdict
+that names the missing ranks silent (``Check.named_silent``: ``locate``'s dead node). A rank that
+ended becomes CRASH (exit code or signal, and its log); a rank still silent is stopped after its Python stack is taken. After
 that the remaining checks are skipped with the reason (their collectives could not complete), and
 every rank's outcome is still reported.
 """
@@ -236,6 +237,7 @@ class Coordinator:
         got: dict[int, Outcome] = {}
         dead: dict[int, dict] = {}
         seen: dict[int, float] = {}
+        named: frozenset = frozenset()  # ranks the check's own verdict names silent
         started = time.monotonic()
         deadline = started + (self.timeout if deadline_s is None else deadline_s)
         while time.monotonic() < deadline:
@@ -246,6 +248,9 @@ class Coordinator:
                     continue
                 if r in reported:
                     got[r] = Outcome.from_dict(self.channel.get(f"result/{i}/{r}"))
+                    named = self._named_silent(check, got)
+                    if named and all(q in got or q in named for q in ranks):
+                        deadline = min(deadline, time.monotonic() + WAIT_GRACE)
                 else:
                     info = self._dead(r)
                     if info is None:
@@ -261,6 +266,15 @@ class Coordinator:
         silent = [r for r in ranks if r not in got]
         if not silent and not dead:
             return self._merged(check, got), None
+        if silent and not dead and set(silent) <= named:
+            # the check's verdict already names them: its own merge says it, the rest is skipped
+            stacks = self._stacks(silent)
+            for r in silent:
+                if r not in stacks:
+                    self.lost.add(r)
+                got[r] = self._silent_outcome(r, stacks.get(r), time.monotonic() - started)
+            self._halt(silent)
+            return self._merged(check, got), f"{rank_label(silent)} did not answer"
         stacks = self._stacks(silent) if silent else {}
         for r in silent:
             if r not in stacks:
@@ -273,6 +287,13 @@ class Coordinator:
         except Exception as exc:  # noqa: BLE001 - a crashing merge is a result too
             result, trouble = self._merge_crashed(check, got, exc), "the merge failed"
         return result, trouble
+
+    @staticmethod
+    def _named_silent(check: Check, got: dict) -> frozenset:
+        try:
+            return frozenset(check.named_silent([got[r] for r in sorted(got)]))
+        except Exception:  # noqa: BLE001 - a faulty check plugin: wait as usual
+            return frozenset()
 
     def _merged(self, check: Check, got: dict) -> CheckResult:
         try:
