@@ -353,3 +353,133 @@ def test_run_names_the_rank_that_works_slowest_and_a_clean_job_names_no_one(cli_
     clean = _run_straggler_job(cli_env, tmp_path, slow=-1)
     assert clean.returncode == 0, clean.stderr[-3000:]
     assert "straggler" not in clean.stderr, clean.stderr[-3000:]
+
+
+LATE_HOOK_JOB = r"""
+import glob, os, sys, time
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+deadline = time.monotonic() + 60
+while not getattr(DDP.forward, "_ddpdoctor_timed", False):  # the injected timing arrives with a heartbeat
+    assert time.monotonic() < deadline, "the injected timing was never installed"
+    time.sleep(0.05)
+calls = []
+
+def counting_hook(state, bucket):
+    calls.append(bucket.index())
+    return allreduce_hook(state, bucket)
+
+torch.manual_seed(0)
+late, builtin = DDP(torch.nn.Linear(8, 8)), DDP(torch.nn.Linear(8, 8))
+x = torch.randn(4, 8) * (rank + 1)
+for model in (late, builtin):
+    model(x).sum().backward()  # the first forward and backward: before any hook of the program's
+late.register_comm_hook(dist.group.WORLD, counting_hook)  # after the first forward: DDP allows it once
+builtin._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
+for step in range(5):
+    for model in (late, builtin):
+        model.zero_grad()
+        model(x).sum().backward()
+grads = [p.grad.clone() for m in (late, builtin) for p in m.parameters()]
+gathered = [[torch.zeros_like(g) for _ in range(2)] for g in grads]
+for g, out in zip(grads, gathered):
+    dist.all_gather(out, g)
+    assert torch.allclose(out[0], out[1], atol=1e-2), "the ranks' gradients differ"
+time.sleep(1.5)  # one more heartbeat: the timings reach the file
+timed = sum(len(open(f).read().splitlines()) for f in glob.glob(os.path.join(os.environ["DDPDOCTOR_RUN_DIR"], f"coll-{os.getpid()}.txt")))
+print(f"rank {rank}: hook calls {len(calls)}, timed {timed}", flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(200)
+def test_a_comm_hook_registered_after_the_first_forward_works_under_run(cli_env, tmp_path):
+    """DDP accepts one communication hook per model; the injected timing registers none (it times
+    DDP's backward and all-reduce through autograd), so a program may register its own after its
+    first forward, a Python hook or a builtin one, and its steps are still timed."""
+    script = tmp_path / "job.py"
+    script.write_text(LATE_HOOK_JOB)
+    env = {**cli_env, "XDG_STATE_HOME": str(tmp_path / "state"), "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([PY, "-m", "ddpdoctor", "run", "--hang-timeout", "60", "--dir", str(tmp_path / "run"), "--",
+                        *torchrun(str(script), nproc=2)], env=env, capture_output=True, text=True, timeout=150)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    lines = sorted(line for line in p.stdout.splitlines() if line.startswith("rank "))
+    assert len(lines) == 2, p.stdout
+    for line in lines:
+        calls, timed = (int(w.rstrip(",")) for w in line.split()[4::2])
+        assert calls == 5, line  # the program's hook ran once per step (one bucket)
+        assert timed >= 12, line  # 2 models x 6 backward passes, plus the all_gathers
+
+
+CPU_JOB = r"""
+import sys, time
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = DDP(torch.nn.Linear(16, 16))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, a = torch.randn(8, 16), torch.randn(96, 96)
+for step in range(int(sys.argv[1])):
+    t0 = time.thread_time()
+    while time.thread_time() - t0 < 0.015:  # the same CPU work on every rank: 15 ms of one core
+        a = (a @ a).clamp_(-1, 1)
+    time.sleep(0.06)  # and some waiting (data loading), which leaves the other ranks room on 2 cores
+    opt.zero_grad()
+    model(x).sum().backward()
+    opt.step()
+dist.destroy_process_group()
+"""
+
+
+@needs_netns
+@pytest.mark.skipif(CpuQuota.unavailable() is not None, reason=str(CpuQuota.unavailable()))
+@pytest.mark.timeout(240)
+def test_run_names_a_cpu_starved_rank(cli_env, tmp_path):
+    """A real 4-rank job under run, every rank doing the same CPU work per step; once the ranks are up,
+    rank 2 gets 10% of one CPU (a cgroup quota): its own work per step grows several-fold and the
+    straggler score names it, window after window. (needs_netns: the same root check.)"""
+    script = tmp_path / "job.py"
+    script.write_text(CPU_JOB)
+    run_dir = tmp_path / "run"
+    env = {**cli_env, "XDG_STATE_HOME": str(tmp_path / "state"), "OMP_NUM_THREADS": "1"}
+    cmd = [PY, "-m", "ddpdoctor", "run", "--hang-timeout", "60", "--straggler-window", "1", "--dir", str(run_dir),
+           "--", *torchrun(str(script), "60", nproc=4)]
+    with CpuQuota() as quota:
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline, pid = time.monotonic() + 120, None
+            while pid is None:
+                assert time.monotonic() < deadline and p.poll() is None, "rank 2 never registered"
+                for f in run_dir.glob("proc-*.json") if run_dir.is_dir() else ():
+                    try:
+                        info = json.loads(f.read_text())
+                    except (OSError, ValueError):
+                        continue
+                    if info.get("role") == "rank" and info.get("rank") == 2:
+                        pid = info["pid"]
+                time.sleep(0.05)
+            quota.add(pid)
+            quota.limit(0.10)
+            out, err = p.communicate(timeout=200)
+        finally:
+            if p.poll() is None:  # run stops its job on SIGTERM; SIGKILL would orphan it
+                p.terminate()
+                try:
+                    p.communicate(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.communicate()
+    assert p.returncode == 0, err[-3000:]
+    named = [line for line in err.splitlines() if "is a straggler" in line and "exit 0 in" not in line]
+    assert named and all(line.startswith("ddpdoctor run: rank 2 ") for line in named), err[-3000:]
+    assert "1 straggler: rank 2 " in err.splitlines()[-1], err[-3000:]
