@@ -2,7 +2,9 @@
 
 1. Overhead: a 2-rank x 200-step DDP training loop (gloo, CPU) under torchrun, with and without
    `ddpdoctor run`, interleaved REPEAT times; medians of the whole command's wall time and of the
-   training loop alone (timed inside rank 0). Target: at most 2% wall time.
+   training loop alone (timed inside rank 0), and the median of each back-to-back pair's ratio
+   (steadier when the machine's load drifts). Target: at most 2% wall time.
+   Then the wrapper's fixed cost apart: `ddpdoctor run -- python -c pass` against the bare command.
 2. Hang to verdict: rank 1 stops before an all_reduce and writes the time it did; the verdict line
    `ddpdoctor run: hung` is timestamped as it arrives; reported against --hang-timeout.
 
