@@ -54,15 +54,19 @@ steps, warmup = int(sys.argv[1]), int(sys.argv[2])
 took = []
 t_loop = time.perf_counter()
 for step in range(steps):
+    if step == warmup:
+        c0 = time.process_time()  # this rank's CPU, every thread (gloo's included), from here on
     t0 = time.perf_counter()
     opt.zero_grad()
     torch.nn.functional.cross_entropy(model(x), y).backward()
     opt.step()
     took.append(time.perf_counter() - t0)
 loop = time.perf_counter() - t_loop
+cpu = (time.process_time() - c0) / (steps - warmup)
 steady = took[warmup:]
 if rank == 0:
-    print(f"STEPS {statistics.median(steady) * 1e6:.2f} {sum(steady) / len(steady) * 1e6:.2f} {loop:.4f}", flush=True)
+    print(f"STEPS {statistics.median(steady) * 1e6:.2f} {sum(steady) / len(steady) * 1e6:.2f} {loop:.4f} "
+          f"{cpu * 1e6:.2f}", flush=True)
 dist.barrier()  # no rank tears gloo down while its peer still talks to it
 dist.destroy_process_group()
 '''
@@ -122,15 +126,15 @@ VARIANTS = ("plain", "run", "run, timing off")
 
 
 def run_once(cmd: list, env: dict) -> tuple:
-    """(median step us, mean step us, loop s, wall s) of one whole command."""
+    """(median step us, mean step us, loop s, wall s, CPU us per step) of one whole command."""
     t0 = time.perf_counter()
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr[-1500:]}")
     line = next(ln for ln in p.stdout.splitlines() if ln.startswith("STEPS "))
-    med, mean, loop = (float(v) for v in line.split()[1:])
-    return med, mean, loop, wall
+    med, mean, loop, cpu = (float(v) for v in line.split()[1:])
+    return med, mean, loop, wall, cpu
 
 
 def micro(blocks: int, block: int) -> None:
@@ -230,9 +234,10 @@ def main() -> None:
     load1 = os.getloadavg()[0]
     print(f"# {args.repeat} interleaved runs of each, {args.steps} steps of which the first {args.warmup} are left out; "
           f"2 ranks, gloo, CPU; load average {load0:.1f} before, {load1:.1f} after, on {os.cpu_count()} CPUs")
-    print("| variant | median step us | mean step us (min..max of runs) | start-up + teardown s "
-          "| median step vs plain | mean step vs plain |")
-    print("|---|---|---|---|---|---|")
+    print("| variant | median step us | mean step us (min..max of runs) | rank 0's CPU us per step "
+          "| start-up + teardown s | median step vs plain | mean step vs plain | CPU per step vs plain |")
+    print("|---|---|---|---|---|---|---|---|")
+    ref_cpu = statistics.median(r[4] for r in rows["plain"])
     ref_med = statistics.median(r[0] for r in rows["plain"])
     ref_mean = statistics.median(r[1] for r in rows["plain"])
     for v in VARIANTS:
@@ -240,12 +245,17 @@ def main() -> None:
         means = [r[1] for r in rows[v]]
         mean = statistics.median(means)
         startup = statistics.median(r[3] - r[2] for r in rows[v])
-        print(f"| {v} | {med:.1f} | {mean:.1f} ({min(means):.0f}..{max(means):.0f}) | {startup:.2f} "
-              f"| {100 * (med / ref_med - 1):+.1f}% | {100 * (mean / ref_mean - 1):+.1f}% |")
+        cpu = statistics.median(r[4] for r in rows[v])
+        print(f"| {v} | {med:.1f} | {mean:.1f} ({min(means):.0f}..{max(means):.0f}) | {cpu:.1f} | {startup:.2f} "
+              f"| {100 * (med / ref_med - 1):+.1f}% | {100 * (mean / ref_mean - 1):+.1f}% "
+              f"| {100 * (cpu / ref_cpu - 1):+.1f}% |")
     on = statistics.median(r[0] for r in rows["run"])
     off = statistics.median(r[0] for r in rows["run, timing off"])
     print(f"steady-state per-step cost of the timing (run vs run, timing off, median steps): {on - off:+.1f} us "
           f"({100 * (on / off - 1):+.1f}%; budget 2%)")
+    son = statistics.median(r[4] for r in rows["run"])
+    soff = statistics.median(r[4] for r in rows["run, timing off"])
+    print(f"the same in rank 0's CPU per step: {son - soff:+.1f} us ({100 * (son / soff - 1):+.1f}%)")
 
 
 def ab(repeat: int, blocks: int, block: int) -> None:

@@ -79,15 +79,15 @@ class LocateCheck(Check):
         ctx.store.set(f"locate/host/{ctx.rank}", ctx.hostname)
         hosts: list = _settle(ctx, "locate/hosts", lambda: _hostnames(ctx, round_timeout),
                               round_timeout + 10.0)
-        names = sorted({h for h in hosts if h is not None})
         unknown = [r for r, h in enumerate(hosts) if h is None]
-        names += [f"rank {r} (no answer)" for r in unknown]  # nodes of their own, named silent below
-        ranks = {n: [r for r in range(ctx.world_size)
-                     if hosts[r] == h or (hosts[r] is None and h == f"rank {r} (no answer)")] for n, h in enumerate(names)}
+        for r in unknown:  # a node of its own, named silent below
+            hosts[r] = f"rank {r} (no answer)"
+        names = sorted({h for r, h in enumerate(hosts) if r not in unknown}) + [hosts[r] for r in unknown]
+        ranks = {n: [r for r in range(ctx.world_size) if hosts[r] == h] for n, h in enumerate(names)}
         node = names.index(ctx.hostname) if ctx.hostname in names else -1
         loc = Locator(len(names), judge, intra=all(len(rs) >= 2 for rs in ranks.values()))
         for r in unknown:
-            loc.silent(names.index(f"rank {r} (no answer)"),
+            loc.silent(names.index(hosts[r]),
                        f"rank {r} did not say who it is within {round_timeout:g}s, before the first round")
         delay = float(os.environ.get(DELAY_ENV, "0") or 0) / 1000
         while True:

@@ -70,6 +70,32 @@ def test_a_node_that_never_answers_is_the_verdict():
     assert [(s.kind, s.nodes) for s in loc.verdict().suspects] == [("silent", (3,))]
 
 
+def test_a_node_silent_before_the_first_round_is_left_out_of_every_test():
+    loc = Locator(5)
+    loc.silent(2, "did not say who it is")
+    tested = []
+    while (probes := loc.plan()) is not None:
+        tested += [p.nodes for p in probes]
+        loc.record([Reading(p, 10.0, 5.0) for p in probes])
+    assert tested == [(0, 1), (3, 4), (0, 1, 3, 4)]
+    assert [(s.kind, s.nodes) for s in loc.verdict().suspects] == [("silent", (2,))]
+
+
+def test_a_test_of_many_nodes_is_judged_against_what_the_pairs_predict_for_its_size():
+    """A healthy ring of 8 nodes pays 7 pair latencies of fixed cost: at 1 MiB, 400 us each and 0.4 GB/s
+    pairs, it runs at about 0.27 GB/s; judged against the pairs themselves it would read as slow."""
+    from ddpdoctor.locate.planner import Baseline, Probe
+
+    bw, lat = Baseline(0.4, 0.0, 4), Baseline(400.0, 0.0, 4)
+    world = Probe(tuple(range(8)), "world")
+    healthy, broken = Reading(world, 0.22, 3000.0), Reading(world, 0.02, 3000.0)
+    assert Judge(size=1 << 20).slow(healthy, bw, lat) is None
+    assert Judge().slow(healthy, bw, lat) == "0.22 GB/s vs median 0.4"  # without the size: the pairs' median
+    assert Judge(size=1 << 20).slow(broken, bw, lat).startswith("0.02 GB/s vs 0.274 expected of 8 nodes")
+    pair = Reading(Probe((0, 1), "pairs"), 0.2, 400.0)
+    assert Judge(size=1 << 20).slow(pair, bw, lat) == "0.2 GB/s vs median 0.4"  # pairs: unchanged
+
+
 def test_absolute_floor_names_a_world_that_is_uniformly_slow():
     loc = Locator(4, Judge(min_busbw=5.0))
     probes = loc.plan()
