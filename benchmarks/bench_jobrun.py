@@ -22,6 +22,8 @@ import sys
 import tempfile
 import time
 
+from timing import timed_output  # benchmarks/ is the script's folder
+
 LOOP = r'''
 import os, sys, time
 import torch, torch.distributed as dist
@@ -53,12 +55,8 @@ def torchrun(script: str, *args: str) -> list:
 
 
 def timed(cmd: list, env: dict) -> tuple:
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    if p.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr[-800:]}")
-    loop = next(float(line.split()[1]) for line in p.stdout.splitlines() if line.startswith("LOOP "))
+    wall, out = timed_output(cmd, env)
+    loop = next(float(line.split()[1]) for line in out.splitlines() if line.startswith("LOOP "))
     return wall, loop
 
 

@@ -39,6 +39,8 @@ import sys
 import tempfile
 import time
 
+from timing import timed_output  # benchmarks/ is the script's folder
+
 LOOP = r'''
 import os, statistics, sys, time
 import torch, torch.distributed as dist
@@ -127,12 +129,8 @@ VARIANTS = ("plain", "run", "run, timing off")
 
 def run_once(cmd: list, env: dict) -> tuple:
     """(median step us, mean step us, loop s, wall s, CPU us per step) of one whole command."""
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    if p.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr[-1500:]}")
-    line = next(ln for ln in p.stdout.splitlines() if ln.startswith("STEPS "))
+    wall, out = timed_output(cmd, env)
+    line = next(ln for ln in out.splitlines() if ln.startswith("STEPS "))
     med, mean, loop, cpu = (float(v) for v in line.split()[1:])
     return med, mean, loop, wall, cpu
 

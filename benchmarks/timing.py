@@ -17,6 +17,16 @@ def timed(cmd: list) -> float:
     return elapsed
 
 
+def timed_output(cmd: list, env: dict) -> tuple[float, str]:
+    """(wall seconds, stdout) of ``cmd`` run with ``env``; exits the benchmark with its stderr if it fails."""
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr[-1500:]}")
+    return wall, p.stdout
+
+
 def timed_cpu(cmd: list) -> tuple[float, float]:
     """(wall seconds, CPU seconds: user + system of the command and every process it waited for).
 
