@@ -159,6 +159,22 @@ def _after_rendezvous(h: Hosts, host: int, procs, limit: float = 120.0) -> None:
         time.sleep(0.05)
 
 
+def _assert_clean(h: Hosts, cli_env: dict, tmp_path) -> None:
+    """``locate`` on the hosts as they are: every host exits 0, the check passes, no one is named."""
+    out, report, doc = _locate_world(h, cli_env, tmp_path)
+    check, verdict, _ = _verdict(doc)
+    assert [c for c, _, _ in out] == [0] * h.n, out
+    assert check["status"] == "pass" and verdict["suspects"] == [], report
+
+
+def _slow_world(h: Hosts, cli_env: dict, tmp_path):
+    """``locate`` on hosts with a slow fault: the check warns. (rank 0's report, the verdict, host names)."""
+    out, report, doc = _locate_world(h, cli_env, tmp_path)
+    check, verdict, hosts = _verdict(doc)
+    assert check["status"] == "warn", report
+    return report, verdict, hosts
+
+
 def _named(verdict, hosts):
     return [(s["kind"], [hosts[n] for n in s["nodes"]], [hosts[n] for n in s["other"]]) for s in verdict["suspects"]]
 
@@ -174,15 +190,10 @@ def _verdict(doc):
 @pytest.mark.timeout(200)
 def test_rate_limited_host_is_named_and_a_clean_world_names_no_one(cli_env, tmp_path):
     with Hosts(4) as h:
-        out, report, doc = _locate_world(h, cli_env, tmp_path)
-        check, verdict, hosts = _verdict(doc)
-        assert [c for c, _, _ in out] == [0] * 4, out
-        assert check["status"] == "pass" and verdict["suspects"] == [], report
+        _assert_clean(h, cli_env, tmp_path)
         # host 2's cable is slowed far below the veth's speed (egress, token bucket)
         h.slow_host(2, "40mbit")
-        out, report, doc = _locate_world(h, cli_env, tmp_path)
-        check, verdict, hosts = _verdict(doc)
-        assert check["status"] == "warn", report
+        report, verdict, hosts = _slow_world(h, cli_env, tmp_path)
         assert [(s["kind"], [hosts[n] for n in s["nodes"]]) for s in verdict["suspects"]] == [("node", ["node2"])], report
         assert "node node2 (rank 2)" in report and "drain node2" in report
         assert verdict["rounds"] <= 2 * math.ceil(math.log2(4)) + 3
@@ -207,14 +218,9 @@ def test_two_switches_with_a_slow_uplink_are_named_as_the_cut_and_clean_as_nothi
     the world, the halving and the cross rounds see it: the verdict is the cut between the two
     groups, not a node."""
     with Hosts(4, switches=(2, 2)) as h:
-        out, report, doc = _locate_world(h, cli_env, tmp_path)
-        check, verdict, hosts = _verdict(doc)
-        assert [c for c, _, _ in out] == [0] * 4, out
-        assert check["status"] == "pass" and verdict["suspects"] == [], report
+        _assert_clean(h, cli_env, tmp_path)
         h.slow_uplink(1, "40mbit")
-        out, report, doc = _locate_world(h, cli_env, tmp_path)
-        check, verdict, hosts = _verdict(doc)
-        assert check["status"] == "warn", report
+        report, verdict, hosts = _slow_world(h, cli_env, tmp_path)
         assert _named(verdict, hosts) == [("cut", ["node0", "node1"], ["node2", "node3"])], report
         kinds = [r["kind"] for r in verdict["readings"]]
         assert "halves" in kinds and "cross" in kinds, kinds
@@ -230,14 +236,9 @@ def test_a_switch_behind_a_slow_uplink_is_named_as_its_group_and_clean_as_nothin
     halving narrows the slow world to (4-7), its halves are fine, and the cross round pairs each
     side with healthy hosts from elsewhere: (6,7) stays slow, so the group node6, node7 is named."""
     with Hosts(8, switches=(6, 2)) as h:
-        out, report, doc = _locate_world(h, cli_env, tmp_path)
-        check, verdict, hosts = _verdict(doc)
-        assert [c for c, _, _ in out] == [0] * 8, out
-        assert check["status"] == "pass" and verdict["suspects"] == [], report
+        _assert_clean(h, cli_env, tmp_path)
         h.slow_uplink(1, "40mbit")
-        out, report, doc = _locate_world(h, cli_env, tmp_path)
-        check, verdict, hosts = _verdict(doc)
-        assert check["status"] == "warn", report
+        report, verdict, hosts = _slow_world(h, cli_env, tmp_path)
         assert _named(verdict, hosts) == [("group", ["node6", "node7"], [])], report
         assert "group node6, node7 (ranks 6-7)" in report and "check their switch, uplink" in report
         assert verdict["rounds"] <= 2 * math.ceil(math.log2(8)) + 3
