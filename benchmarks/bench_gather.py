@@ -25,7 +25,7 @@ from timing import fork_world  # noqa: E402 - benchmarks/ is the script's folder
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from ddpdoctor.dist.gathering import gather  # noqa: E402
+from ddpdoctor.training.gathering import gather  # noqa: E402
 
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 

@@ -36,7 +36,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.utils.data import DistributedSampler, TensorDataset  # noqa: E402
 
-from ddpdoctor.dist import gather, gather_for_metrics, reduce_dict  # noqa: E402
+from ddpdoctor.training import gather, gather_for_metrics, reduce_dict  # noqa: E402
 
 LIMIT = 1.3
 SMALL, LARGE = 1024, 64 << 20

@@ -267,7 +267,7 @@ class CollectivesCheck(Check):
             order = list(dict.fromkeys(ctx.hosts))
             nodes = [order.index(h) for h in ctx.hosts]
         else:
-            from ddpdoctor.dist.gathering import gather_object  # torch's all_gather_object needs numpy
+            from ddpdoctor.training.gathering import gather_object  # torch's all_gather_object needs numpy
 
             self._seq += 1
             self._record(ctx, "all_gather_object(hostnames)", "world")

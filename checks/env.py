@@ -11,7 +11,7 @@ from typing import Any, Mapping, Optional, Sequence
 import psutil
 
 from ddpdoctor.check import Check, CheckResult, Findings, RankContext, WorldInfo
-from ddpdoctor.dist import launcher
+from ddpdoctor.training import launcher
 from ddpdoctor.result import Outcome, Status, count, merge_outcomes, rank_label
 from ddpdoctor.system import envvars, nvml
 from ddpdoctor.system.redact import redact_env

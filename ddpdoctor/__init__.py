@@ -23,7 +23,7 @@ _LIBRARY = (
     "worker_init_fn", "gather_all_tensors", "pad_across_processes", "reduce", "all_reduce_params",
     "CollectiveTimeoutError", "DEFAULT_TIMEOUT",
 )
-_EXPORTS = {name: "ddpdoctor.dist" for name in _LIBRARY}
+_EXPORTS = {name: "ddpdoctor.training" for name in _LIBRARY}
 _EXPORTS |= {
     name: "ddpdoctor.diagnostics"
     for name in (

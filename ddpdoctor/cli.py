@@ -366,7 +366,7 @@ def env(as_json: bool) -> int:
     """Print the environment report alone (copy-paste ready for a bug report)."""
     import json
 
-    from ddpdoctor.dist import launcher
+    from ddpdoctor.training import launcher
     from ddpdoctor.checks.env import assess, collect_environment, describe_environment
 
     _quiet_logs()

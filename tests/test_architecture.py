@@ -153,13 +153,13 @@ def test_top_level_stays_small() -> None:
 
 
 def test_top_level_reexports_the_library() -> None:
-    """``import ddpdoctor`` offers exactly the public names of ddpdoctor.dist and ddpdoctor.diagnostics."""
+    """``import ddpdoctor`` offers exactly the public names of ddpdoctor.training and ddpdoctor.diagnostics."""
     import ddpdoctor
     import ddpdoctor.diagnostics
-    import ddpdoctor.dist
+    import ddpdoctor.training
 
-    assert set(ddpdoctor.__all__) == {"__version__"} | set(ddpdoctor.dist.__all__) | set(ddpdoctor.diagnostics.__all__)
-    for name in ddpdoctor.dist.__all__:
-        assert getattr(ddpdoctor, name) is getattr(ddpdoctor.dist, name)
+    assert set(ddpdoctor.__all__) == {"__version__"} | set(ddpdoctor.training.__all__) | set(ddpdoctor.diagnostics.__all__)
+    for name in ddpdoctor.training.__all__:
+        assert getattr(ddpdoctor, name) is getattr(ddpdoctor.training, name)
     for name in ddpdoctor.diagnostics.__all__:
         assert getattr(ddpdoctor, name) is getattr(ddpdoctor.diagnostics, name)

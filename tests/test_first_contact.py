@@ -267,7 +267,7 @@ def test_port_holder_command_line_is_one_line(tmp_path):
 @pytest.mark.parametrize("env", [{"RANK": "abc"}, {"RANK": "abc", "WORLD_SIZE": "2"}, {"WORLD_SIZE": "two"},
                                  {"RANK": "-1", "LOCAL_RANK": "0"}])
 def test_bad_rank_alone_is_caught(env):
-    from ddpdoctor.dist.launcher import LauncherError, detect
+    from ddpdoctor.training.launcher import LauncherError, detect
 
     with pytest.raises(LauncherError):
         detect(env, argv=[], strict=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ddpdoctor.errors import LauncherError
-from ddpdoctor.dist.launcher import derive_port, detect, expand_hostlist
+from ddpdoctor.training.launcher import derive_port, detect, expand_hostlist
 
 
 @pytest.mark.parametrize("expr,hosts", [

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler, TensorDataset
 
-from ddpdoctor.dist import (BarrierTimeoutError, CollectiveMismatchError, CollectiveTimeoutError,
+from ddpdoctor.training import (BarrierTimeoutError, CollectiveMismatchError, CollectiveTimeoutError,
                                all_reduce_mean, all_reduce_params, barrier, broadcast_object, collect_results,
                                gather, gather_all_tensors, gather_for_metrics, gather_object,
                                pad_across_processes, reduce, reduce_dict, zero_first)

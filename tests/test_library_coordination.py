@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddpdoctor.dist import (BarrierTimeoutError, NotInitializedError, barrier, broadcast_object, gather,
+from ddpdoctor.training import (BarrierTimeoutError, NotInitializedError, barrier, broadcast_object, gather,
                             main_process_first, print0, rank_zero_only, seed_everything, zero_first)
 from worlds import run_world
 

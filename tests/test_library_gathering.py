@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from ddpdoctor.dist import (CollectiveMismatchError, all_reduce_mean, collect_results, gather, gather_for_metrics,
+from ddpdoctor.training import (CollectiveMismatchError, all_reduce_mean, collect_results, gather, gather_for_metrics,
                             gather_object, reduce_dict)
 from worlds import run_world
 
@@ -135,7 +135,7 @@ def test_mismatches_raise_the_same_clear_error_on_every_rank():
 
 
 def _large(rank, world, broadcast):
-    import ddpdoctor.dist.gathering as gathering
+    import ddpdoctor.training.gathering as gathering
 
     if not broadcast:
         gathering._BROADCAST_BACKENDS = ()
@@ -272,7 +272,7 @@ def _drop_last_warning(rank, world):
     records = []
     handler = logging.Handler()
     handler.emit = records.append
-    logging.getLogger("ddpdoctor.dist.gathering").addHandler(handler)
+    logging.getLogger("ddpdoctor.training.gathering").addHandler(handler)
     sampler = DistributedSampler(_dataset(7), drop_last=True)
     gather_for_metrics(list(sampler), sampler)
     return [r.getMessage() for r in records]

@@ -7,7 +7,7 @@ import collections
 import pytest
 import torch
 
-from ddpdoctor.dist import CheckpointError, load_checkpoint
+from ddpdoctor.training import CheckpointError, load_checkpoint
 from worlds import run_world
 
 

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, TensorDataset
 
-from ddpdoctor.dist import (CollectiveMismatchError, all_reduce_params, barrier, broadcast_object,
+from ddpdoctor.training import (CollectiveMismatchError, all_reduce_params, barrier, broadcast_object,
                                collect_results, gather, gather_all_tensors, gather_for_metrics, gather_object,
                                pad_across_processes, reduce, reduce_dict, seed_everything, worker_init_fn)
 from worlds import run_world

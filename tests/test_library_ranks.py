@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import ddpdoctor.dist as lib
-from ddpdoctor.dist import (RankConflictWarning, get_local_rank, get_local_world_size, get_node_rank, get_rank,
+import ddpdoctor.training as lib
+from ddpdoctor.training import (RankConflictWarning, get_local_rank, get_local_world_size, get_node_rank, get_rank,
                             get_world_size, is_distributed, is_main_process, rank_info)
 from worlds import run_world
 

@@ -7,7 +7,7 @@ caught inside the training loop.
 Also here, for the checks that train: the models they train (:mod:`.model_factory`), unwrapping a
 DDP/FSDP-wrapped module (:mod:`.wrapped`) and the known-result collectives plan (:mod:`.collective_plan`).
 
-May import: ``ddpdoctor.dist``, ``ddpdoctor.system`` and the shared bottom (``check``, ``result``,
+May import: ``ddpdoctor.training``, ``ddpdoctor.system`` and the shared bottom (``check``, ``result``,
 ``errors``, ``exitcodes``).
 """
 

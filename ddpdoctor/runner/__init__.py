@@ -7,7 +7,7 @@ srun or mpirun started them) share the rest: :mod:`.options` (what a run is aske
 that failed first is the cause, the ranks left waiting its consequence), :mod:`.channel` (the control
 channel, a TCPStore independent of the backend under test) and :mod:`.bench` (``ddpdoctor bench``).
 
-May import: ``ddpdoctor.checks``, ``ddpdoctor.report``, ``ddpdoctor.diagnostics``, ``ddpdoctor.dist``,
+May import: ``ddpdoctor.checks``, ``ddpdoctor.report``, ``ddpdoctor.diagnostics``, ``ddpdoctor.training``,
 ``ddpdoctor.causes``, ``ddpdoctor.system`` and the shared bottom (``check``, ``result``, ``errors``,
 ``exitcodes``). Never ``ddpdoctor.cli`` or ``ddpdoctor.postmortem``.
 """

@@ -16,7 +16,7 @@ import time
 from typing import Optional, Sequence
 
 from ddpdoctor.check import Check, WorldInfo
-from ddpdoctor.dist.launcher import LaunchInfo
+from ddpdoctor.training.launcher import LaunchInfo
 from ddpdoctor.errors import UsageError
 from ddpdoctor.report.document import RunReport
 from ddpdoctor.report.progress import Progress

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from ddpdoctor.check import Check, WorldInfo
-from ddpdoctor.dist import launcher
+from ddpdoctor.training import launcher
 from ddpdoctor.errors import UsageError
 from ddpdoctor.report.document import RunReport
 from ddpdoctor.report.progress import Progress

@@ -1,6 +1,6 @@
 """Gather and reduce across ranks: uneven shapes, nested structures, objects, evaluation results, metrics.
 
-Every helper here takes the agreement step of :mod:`ddpdoctor.dist.agreement` first: one small
+Every helper here takes the agreement step of :mod:`ddpdoctor.training.agreement` first: one small
 all-gather in which the ranks compare what they are about to do, so ranks that disagree (or whose
 input is bad) all raise the same :class:`CollectiveMismatchError` and the next call starts aligned.
 The first bytes of each rank's data ride in that same all-gather, so a small gather or reduction is
@@ -24,9 +24,9 @@ import torch.distributed as dist
 
 from torch.utils.data import DistributedSampler
 
-from ddpdoctor.dist.agreement import (DEFAULT_TIMEOUT, Agreement, CollectiveMismatchError, agree, check_timeout,
+from ddpdoctor.training.agreement import (DEFAULT_TIMEOUT, Agreement, CollectiveMismatchError, agree, check_timeout,
                         group_ranks, group_state, next_capacity)
-from ddpdoctor.dist.ranks import rank_device, require_process_group
+from ddpdoctor.training.ranks import rank_device, require_process_group
 
 __all__ = [
     "gather",

@@ -23,9 +23,9 @@ from typing import Any, Callable, Iterator, Optional, TypeVar
 import torch
 import torch.distributed as dist
 
-from ddpdoctor.dist.agreement import DEFAULT_TIMEOUT, check_timeout, group_ranks, group_state
-from ddpdoctor.dist.gathering import broadcast_object
-from ddpdoctor.dist.ranks import (get_local_rank, get_local_world_size, get_node_rank, get_rank, get_world_size,
+from ddpdoctor.training.agreement import DEFAULT_TIMEOUT, check_timeout, group_ranks, group_state
+from ddpdoctor.training.gathering import broadcast_object
+from ddpdoctor.training.ranks import (get_local_rank, get_local_world_size, get_node_rank, get_rank, get_world_size,
                                   require_process_group)
 from ddpdoctor.errors import DdpdoctorError
 

@@ -10,15 +10,15 @@ May import: ``ddpdoctor.system`` and the shared bottom (``errors``, ``exitcodes`
 
 from __future__ import annotations
 
-from ddpdoctor.dist.agreement import DEFAULT_TIMEOUT, CollectiveMismatchError, CollectiveTimeoutError
-from ddpdoctor.dist.gathering import (all_gather, all_reduce_mean, all_reduce_params, broadcast_object,
+from ddpdoctor.training.agreement import DEFAULT_TIMEOUT, CollectiveMismatchError, CollectiveTimeoutError
+from ddpdoctor.training.gathering import (all_gather, all_reduce_mean, all_reduce_params, broadcast_object,
                                       collect_results, gather, gather_all_tensors, gather_for_metrics, gather_object,
                                       pad_across_processes, reduce, reduce_dict)
-from ddpdoctor.dist.loading import CheckpointError, load_checkpoint
-from ddpdoctor.dist.ordering import (BarrierTimeoutError, ZeroFirstError, barrier, main_process_first, print0,
+from ddpdoctor.training.loading import CheckpointError, load_checkpoint
+from ddpdoctor.training.ordering import (BarrierTimeoutError, ZeroFirstError, barrier, main_process_first, print0,
                                      rank_zero_first, rank_zero_only, rank_zero_print, seed_everything, synchronize,
                                      wait_for_everyone, worker_init_fn, zero_first)
-from ddpdoctor.dist.ranks import (NotInitializedError, RankConflictWarning, RankInfo, get_local_rank,
+from ddpdoctor.training.ranks import (NotInitializedError, RankConflictWarning, RankInfo, get_local_rank,
                                   get_local_world_size, get_node_rank, get_rank, get_world_size, is_distributed,
                                   is_main_process, rank_device, rank_info)
 

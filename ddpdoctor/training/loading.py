@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Union
 
 import torch
 
-from ddpdoctor.dist.ranks import get_local_rank, get_rank
+from ddpdoctor.training.ranks import get_local_rank, get_rank
 from ddpdoctor.errors import DdpdoctorError
 
 __all__ = ["CheckpointError", "load_checkpoint"]

@@ -16,7 +16,7 @@ from typing import Mapping, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from ddpdoctor.dist.launcher import detect
+from ddpdoctor.training.launcher import detect
 from ddpdoctor.errors import DdpdoctorError
 
 __all__ = [

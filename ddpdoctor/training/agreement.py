@@ -29,7 +29,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from ddpdoctor.dist.ranks import rank_device
+from ddpdoctor.training.ranks import rank_device
 from ddpdoctor.errors import DdpdoctorError
 
 __all__ = ["CollectiveMismatchError", "CollectiveTimeoutError", "DEFAULT_TIMEOUT"]
