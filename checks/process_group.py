@@ -8,6 +8,7 @@ The coordinator then compares ranks: unique and complete, one world size, one GP
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -17,7 +18,7 @@ from ddpdoctor.check import Check, CheckResult, RankContext, Requirements, World
 from ddpdoctor.result import Outcome, Status, count, format_seconds, merge_outcomes, rank_label
 from ddpdoctor.system import nvml
 
-__all__ = ["ProcessGroupCheck", "identity_table"]
+__all__ = ["ProcessGroupCheck", "gpu_sharers", "identity_table"]
 
 
 def _init_hint(text: str) -> tuple[str, str]:
@@ -36,10 +37,52 @@ def _init_hint(text: str) -> tuple[str, str]:
                 "ranks cannot reach each other: set GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME to the interface "
                 "of the network the nodes share, and check that the hostname does not resolve to 127.0.0.1")
     if "duplicate gpu" in low:
-        return ("duplicate-gpu", "call torch.cuda.set_device(local_rank) before init_process_group")
+        return ("duplicate-gpu", _DUPLICATE_GPU_HINT)
     if "nccl" in low:
         return ("nccl-init-failed", "rerun with NCCL_DEBUG=INFO and check /dev/shm size and the NCCL version")
     return ("pg-init-failed", "rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL and check the backend's log")
+
+
+_DUPLICATE_GPU_HINT = ("give each rank its own GPU: torch.cuda.set_device(LOCAL_RANK) before init_process_group, "
+                       "and no more ranks per node than GPUs")
+_GPU_OWNER_KEY = "ddpdoctor/gpu-owner/{}"
+_GPU_OWNER_WAIT = 3.0  # seconds to wait for the other ranks' GPU identities after a failed NCCL init
+
+
+def _publish_gpu(ctx: RankContext) -> Optional[str]:
+    """Put this rank's host and GPU UUID in the control store before NCCL's init; return the UUID.
+
+    NCCL names two ranks on one GPU itself only in some releases ("Duplicate GPU detected"); 2.28
+    says "invalid usage". Published before the init, the identities let a failed init be told apart.
+    """
+    import torch
+
+    try:
+        uuid = "GPU-" + str(torch.cuda.get_device_properties(ctx.local_rank).uuid)
+    except Exception:  # an invalid ordinal: init_process_group reports it in its own words
+        return None
+    ctx.store.set(_GPU_OWNER_KEY.format(ctx.rank), json.dumps({"host": ctx.hostname, "uuid": uuid}))
+    return uuid
+
+
+def gpu_sharers(store: Any, rank: int, world_size: int, host: str, uuid: str,
+                wait: float = _GPU_OWNER_WAIT) -> list[int]:
+    """The ranks (this one included) that published the same GPU on the same host; [] if none.
+
+    Waits at most ``wait`` seconds for the others' identities (a rank that died before publishing
+    is simply not counted), never a collective: the process group is what failed.
+    """
+    keys = [_GPU_OWNER_KEY.format(r) for r in range(world_size)]
+    deadline = time.monotonic() + wait
+    while not store.check(keys) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    shared = []
+    for r, key in enumerate(keys):
+        if r == rank or store.check([key]):
+            ident = json.loads(store.get(key)) if r != rank else {"host": host, "uuid": uuid}
+            if ident.get("host") == host and ident.get("uuid") == uuid:
+                shared.append(r)
+    return shared if len(shared) > 1 else []
 
 
 def _first_line(exc: BaseException) -> str:
@@ -72,12 +115,19 @@ class ProcessGroupCheck(Check):
         import torch
         import torch.distributed as dist
 
+        uuid = _publish_gpu(ctx) if ctx.backend == "nccl" else None
         start = time.perf_counter()
         try:
             ctx.process_group()
         except Exception as exc:  # the check's subject: report it, do not crash
             text = _first_line(exc)
             finding, hint = _init_hint(str(exc))
+            shared = gpu_sharers(ctx.store, ctx.rank, ctx.world_size, ctx.hostname, uuid) if uuid else []
+            if shared:
+                return ctx.failed(f"{rank_label(shared)} share one GPU ({uuid}) on {ctx.hostname}: "
+                                  f"init_process_group({ctx.backend}) failed: {text}",
+                                  hint=_DUPLICATE_GPU_HINT, finding="duplicate-gpu",
+                                  details=str(exc).splitlines()[:20])
             return ctx.failed(f"init_process_group({ctx.backend}) failed after "
                               f"{time.perf_counter() - start:.1f}s: {text}",
                               hint=hint, finding=finding, details=str(exc).splitlines()[:20])
@@ -162,8 +212,7 @@ def _compare(ids: Sequence[dict], world: WorldInfo) -> Optional[tuple[Status, st
     for (host, uuid), shared in sorted(by_gpu.items()):
         if len(shared) > 1:
             return (Status.FAIL, f"{rank_label(shared)} share one GPU ({uuid}) on {host}",
-                    "give each rank its own GPU: torch.cuda.set_device(LOCAL_RANK) before init_process_group, "
-                    "and no more ranks per node than GPUs", "duplicate-gpu", tuple(shared))
+                    _DUPLICATE_GPU_HINT, "duplicate-gpu", tuple(shared))
     foreign = [(d["rank"], f) for d in ids for f in d.get("foreign_gpu_memory", ())]
     if foreign:
         rank, f = foreign[0]
