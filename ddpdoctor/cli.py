@@ -429,7 +429,10 @@ def run(hang_timeout: float, run_dir: Optional[str], keep: bool, keep_hung: bool
         straggler_windows: int, command: tuple) -> int:
     """Run a training command (after --) and explain it if it hangs or dies."""
     from ddpdoctor.postmortem.jobrun import RunSpec, run_job
+    from ddpdoctor.system.streams import safe_stderr, safe_stdout
 
+    safe_stdout()  # a closed stdout or stderr (>&-) is /dev/null: the job still runs, its code still returned
+    safe_stderr()
     return run_job(RunSpec(command=list(command), hang_timeout=hang_timeout, run_dir=run_dir, keep=keep,
                            keep_hung=keep_hung, straggler_window=straggler_window,
                            straggler_windows=straggler_windows))
