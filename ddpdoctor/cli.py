@@ -416,7 +416,8 @@ def stacks(pids: tuple, wait: float) -> int:
 @click.option("--hang-timeout", type=Number(float, 1.0, 31536000.0, unit="seconds"), default=300.0, show_default=True,
               help="Seconds without progress on any rank before the job counts as hung.")
 @click.option("--dir", "run_dir", type=click.Path(file_okay=False), default=None,
-              help="Where to save output, stacks and verdict [default: a new directory under "
+              help="Where to save output, stacks and verdict: a new path, an empty folder or an earlier run's "
+                   "(ddpdoctor removes only the files it made) [default: a new directory under "
                    "$XDG_STATE_HOME/ddpdoctor/runs, i.e. ~/.local/state/ddpdoctor/runs].")
 @click.option("--keep", is_flag=True, help="Keep the run directory even when the job succeeded.")
 @click.option("--keep-hung", is_flag=True, help="After reporting a hang, leave the job running.")

@@ -11,8 +11,18 @@ Job states (the state machine of :func:`run_job`)::
               for DEATH_GRACE s-->                FAILED    (the same verdict; the job is stopped; exit 1)
     RUNNING --no progress for hang_timeout-->     HUNG      (grouped stacks + explain, saved; then stop,
                                                              exit 124; with keep_hung: keep waiting)
-    RUNNING --SIGINT/SIGTERM to us-->             forwarded to the launcher's process group; when the launcher
-                                                  is gone, what is left of the job is stopped too
+    RUNNING --SIGINT/SIGTERM to us-->             INTERRUPTED (every live rank's stack read, stack_wait s at
+                                                             most; the signal passed to the launcher's process
+                                                             group; stop_grace s for the job to end, then it is
+                                                             stopped; verdict with the stacks; exit 130, or 0
+                                                             when the job exited 0 by itself. A second signal:
+                                                             SIGKILL to the whole job at once, then the verdict)
+
+Every verdict is printed once the job's output has ended (after the launcher's own closing traceback),
+so that it is the last thing on screen; a hang or a stranded rank is announced in one line when found.
+With keep_hung the hang's verdict is printed at once (the job goes on). The run directory and its
+marker are :mod:`ddpdoctor.postmortem.rundir`; the output's pass-through and raw log,
+:mod:`ddpdoctor.postmortem.output`.
 
 What is added to the job (and nothing else): a ``sitecustomize.py`` on ``PYTHONPATH`` (see
 :mod:`ddpdoctor.postmortem.inject.sitecustomize`: in each rank, faulthandler on SIGUSR2, a heartbeat of
