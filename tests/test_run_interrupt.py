@@ -85,7 +85,7 @@ def test_ctrl_c_on_a_hung_job_prints_both_ranks_stacks_last_and_exits_130(cli_en
     proc, run_dir = start_run(tmp_path, cli_env, torchrun(str(script)))
     try:
         wait_for_log(run_dir, " up", 2, proc)
-        time.sleep(0.5)  # both ranks past their print: in the barrier and the sleep
+        time.sleep(2)  # both ranks past their print: in the barrier and the sleep
         proc.send_signal(signal.SIGINT)
         out, err = finish(proc)
     finally:
@@ -207,6 +207,10 @@ def test_the_verdict_comes_after_the_launchers_closing_traceback(cli_env, tmp_pa
         assert f"rank 0: barrier, called from <module> ({script}:{line_of(HUNG, 'barrier')})" in "\n".join(block)
     else:
         assert p.returncode == 1, err[-3000:]
-        block = verdict_block(err, "ddpdoctor run: the job failed (exit 1)")
-        assert "boom on rank 1" in block[0]
-        assert "ChildFailedError" in err[:err.rindex("ddpdoctor run: the job failed")]
+        # torchrun ends the job itself (ChildFailedError), or, on a slow machine, rank 0 is left waiting
+        # for DEATH_GRACE and run stops the job (torchrun's SignalException): the verdict is last either way
+        block = verdict_block(err, "ddpdoctor run: ")
+        assert block[0].startswith(("ddpdoctor run: the job failed (exit 1); cause: rank 1 raised RuntimeError: "
+                                    "boom on rank 1", "ddpdoctor run: rank 1 ended and the others were left waiting"))
+        assert "boom on rank 1" in "\n".join(block)
+        assert "Traceback" in err[:err.rindex(block[0])]  # the launcher's own, above the verdict

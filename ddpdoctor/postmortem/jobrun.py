@@ -622,7 +622,7 @@ def run_job(spec: RunSpec) -> int:
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     verdict_kind: Optional[str] = None
     verdict: list = []  # printed once the job's output ended: the verdict is the last thing on screen
-    stopped: dict = {}  # the interrupt: when, how much output there was, the stacks, how the job ended
+    stopped: dict = {}  # the interrupt: the signal, the output before it, the stacks, how the job ended
     try:
         last_progress = last = time.monotonic()
         out_bytes = 0
@@ -759,7 +759,7 @@ def _interrupt(spec: RunSpec, proc: subprocess.Popen, run_id: str, watch: _Watch
     while len(forwarded) < 2 and time.monotonic() < deadline and not ended(0.1):
         pass
     how = "ended by itself"
-    if len(forwarded) > 1:
+    if len(forwarded) > 1 and (proc.poll() is None or proc.returncode == -signal.SIGKILL):
         how = "was stopped at once (SIGKILL: interrupted again)"
         _leave_nothing(proc, run_id)
     elif proc.poll() is None:
