@@ -11,14 +11,15 @@ import pytest
 
 CMD = [sys.executable, "-m", "ddpdoctor", "run"]
 
-# ~3 MB of output in 100-byte lines, then a line on stderr, then the exit code asked for.
+# ~3 MB of output in 100-byte lines, 2 s of quiet, a line on stderr, then the exit code asked for.
 LOUD = r'''
-import sys
+import sys, time
 line = b"y" * 99 + b"\n"
 out = sys.stdout.buffer
 for _ in range(30000):
     out.write(line)
 out.flush()
+time.sleep(2)  # long enough for the hook's heartbeats (every 0.5 s), which the full disk refuses too
 sys.stderr.write("loud job done\n")
 sys.exit(int(sys.argv[1]))
 '''
