@@ -183,3 +183,24 @@ def test_a_run_killed_by_sigkill_leaves_its_files_known_to_the_next_run(cli_env,
     assert p.returncode == 0, p.stderr
     assert "ddpdoctor run: 1 process, exit 0" in p.stderr
     assert os.listdir(run_dir) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_users_file_under_a_name_every_run_writes_is_refused_not_overwritten(cli_env, tmp_path):
+    """An earlier run's folder (kept with --keep: no verdict was written) in which the user then saved a
+    verdict.txt of their own: the next run would write there, so it is exit 2 and the file stays."""
+    run_dir, started = tmp_path / "run", tmp_path / "started"
+    first = subprocess.run(CMD + ["--keep", "--dir", str(run_dir), "--", *job(started)], env=cli_env,
+                           capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0, first.stderr
+    assert "verdict.txt" not in json.loads((run_dir / ".ddpdoctor-run").read_text())["files"]
+    (run_dir / "verdict.txt").write_bytes(b"my notes on that run\n")
+    before = tree(run_dir)
+    p = subprocess.run(CMD + ["--dir", str(run_dir), "--", *job(started)], env=cli_env, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith(f"error[run-dir]: --dir {run_dir} holds verdict.txt, which its .ddpdoctor-run marker "
+                               "does not list") and len(p.stderr.splitlines()) == 1
+    assert (run_dir / "verdict.txt").read_bytes() == b"my notes on that run\n"
+    assert started.read_text() == "x"  # the second job never started
+    assert tree(run_dir) == before  # the refused folder is left exactly as it was, the earlier run's files too

@@ -194,9 +194,9 @@ def _read_marker(path: str, shown: str) -> dict:
     return record
 
 
-def _clear_earlier_run(path: str, record: dict) -> None:
-    """Remove what the earlier run's marker lists (after a run that never finished its list: also the
-    names of ddpdoctor's kinds that were not there before it)."""
+def _earlier_run(path: str, record: dict) -> tuple:
+    """What the earlier run's marker lists (after a run that never finished its list: also the names of
+    ddpdoctor's kinds that were not there before it), and whether its ``.inject`` is ours whole."""
     names = list(record["files"])
     whole_inject = INJECT + "/" in names
     if record.get("complete") is not True:
@@ -206,7 +206,7 @@ def _clear_earlier_run(path: str, record: dict) -> None:
             names += [n for n in os.listdir(path) if _own(n) and n not in before and n != INJECT]
         except OSError:
             pass
-    _remove_listed(path, names, whole_inject)
+    return names, whole_inject
 
 
 def _reuse(path: str, shown: str) -> None:
@@ -224,12 +224,14 @@ def _reuse(path: str, shown: str) -> None:
             f"did not create it, and removes only what it created)",
             "pass a new or empty directory, or leave --dir out for a new folder under "
             f"{default_runs_root()}")
-    _clear_earlier_run(path, _read_marker(path, shown))
-    taken = sorted(set(os.listdir(path)) & set(FIXED_NAMES))
-    if taken:
+    names, whole_inject = _earlier_run(path, _read_marker(path, shown))
+    ours = {n.split("/", 1)[0] for n in names} | ({INJECT} if whole_inject else set())
+    taken = sorted(set(os.listdir(path)) & set(FIXED_NAMES) - ours)
+    if taken:  # checked before anything is cleared: a refused folder is left exactly as it was
         raise _usage_error(f"--dir {shown} holds {', '.join(taken)}, which its {MARKER} marker does not list "
                            "(not ddpdoctor's, and this run would write there)",
                            "move that file away, or pass a new or empty directory")
+    _remove_listed(path, names, whole_inject)
 
 
 def prepare_run_dir(run_dir: Optional[str]) -> RunDir:
