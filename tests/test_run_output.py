@@ -119,3 +119,42 @@ def test_a_closed_stream_changes_neither_the_job_nor_its_code(cli_env, tmp_path,
         assert "to stderr" in text and "ddpdoctor run: the job failed (exit 5)" in text and "Traceback" not in text
     if closed == "stderr":
         assert out.read_text() == "to stdout\n"
+
+
+@pytest.mark.timeout(60)
+def test_a_stalled_log_never_holds_the_output_back(tmp_path, monkeypatch):
+    """The raw log on a file system that stops taking writes (a FIFO nobody reads: the log's writer blocks
+    for good): every byte still reaches the terminal, and the copy says it fell behind."""
+    import io
+    import threading
+
+    from ddpdoctor.postmortem import output
+
+    monkeypatch.setattr(output, "LOG_BACKLOG", 1 << 20)
+    log = tmp_path / "output.raw.log"
+    os.mkfifo(log)
+    reader = os.open(log, os.O_RDONLY | os.O_NONBLOCK)  # opened, never read: the pipe fills at 64 KiB
+    try:
+        copy = output.OutputCopy(str(log))
+        r, w = os.pipe()
+        sink = io.BytesIO()
+        data = bytes(range(256)) * (4 << 12)  # 4 MiB
+        with os.fdopen(r, "rb", buffering=0) as job_out:
+            copy.start(job_out, sink)
+            writer = threading.Thread(target=_write_all, args=(w, data))
+            writer.start()
+            writer.join(timeout=30)
+            assert not writer.is_alive(), "the job's writes were held back by the log"
+            os.close(w)
+            assert copy.close(wait=2.0) is False  # the log never caught up: said, not waited for
+        assert sink.getvalue() == data
+        line = copy.unsaved()
+        assert line.startswith("ddpdoctor run: output.raw.log is incomplete: ") and "fell more than 1 MiB behind" in line
+    finally:
+        os.close(reader)  # the blocked writer gets EPIPE and ends
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]

@@ -78,7 +78,12 @@ class OutputCopy:
     def _write_log(self) -> None:
         while True:
             chunk = self.chunks.get()
-            if chunk is None:
+            if chunk is None:  # the end: the log is closed here, after its last write (however late)
+                try:
+                    os.close(self.log_fd)
+                except OSError as exc:
+                    with self.lock:
+                        self.error = self.error or exc.strerror or str(exc)
                 return
             with self.lock:
                 failed = bool(self.error)
@@ -110,11 +115,6 @@ class OutputCopy:
                 pipe.close()
         self.chunks.put(None)
         self.writer.join(timeout=max(0.5, deadline - time.monotonic()))
-        if not self.writer.is_alive():
-            try:
-                os.close(self.log_fd)
-            except OSError as exc:
-                self.error = self.error or exc.strerror or str(exc)
         return ended and not self.writer.is_alive()
 
     def unsaved(self) -> Optional[str]:

@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ddpdoctor.system.redact import escape_controls
+
 __all__ = ["RunDir", "prepare_run_dir", "default_runs_root", "write_private", "MARKER", "OWN_PATTERNS"]
 
 MARKER = ".ddpdoctor-run"
@@ -253,7 +255,7 @@ def prepare_run_dir(run_dir: Optional[str]) -> RunDir:
         path = os.path.abspath(run_dir)
     else:
         path = os.path.join(default_runs_root(), f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
-    shown = run_dir if explicit else path
+    shown = escape_controls(run_dir) if explicit else path  # quoted in one line: no raw control characters
     created = False
     try:
         if os.path.islink(path):
