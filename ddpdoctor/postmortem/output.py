@@ -61,6 +61,8 @@ class OutputCopy:
                 break
             if not chunk:
                 break
+            with self.lock:
+                self.bytes += len(chunk)  # progress, even while our terminal is slow to take it
             if sink is not None:
                 try:
                     sink.write(chunk)
@@ -68,8 +70,8 @@ class OutputCopy:
                 except (OSError, ValueError):  # our stdout is gone: the job still runs, the log still copies
                     sink, self.passed = None, False
             with self.lock:
-                self.bytes += len(chunk)
                 if self.error or self.backlog + len(chunk) > LOG_BACKLOG:
+                    # from here on the log stops: a log with a hole in it would mislead more than a short one
                     self.error = self.error or f"the log fell more than {LOG_BACKLOG >> 20} MiB behind"
                     continue
                 self.backlog += len(chunk)
