@@ -64,7 +64,8 @@ def finish(code: object) -> None:
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:
-                stream.flush()
+                if stream is not None:  # None: started with that descriptor closed (>&-)
+                    stream.flush()
             except (OSError, ValueError):  # a closed pipe: nothing more to say
                 pass
         os._exit(status)

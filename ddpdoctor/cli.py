@@ -416,7 +416,8 @@ def stacks(pids: tuple, wait: float) -> int:
 @click.option("--hang-timeout", type=Number(float, 1.0, 31536000.0, unit="seconds"), default=300.0, show_default=True,
               help="Seconds without progress on any rank before the job counts as hung.")
 @click.option("--dir", "run_dir", type=click.Path(file_okay=False), default=None,
-              help="Where to save output, stacks and verdict [default: a new directory under "
+              help="Where to save output, stacks and verdict: a new path, an empty folder or an earlier run's "
+                   "(ddpdoctor removes only the files it made) [default: a new directory under "
                    "$XDG_STATE_HOME/ddpdoctor/runs, i.e. ~/.local/state/ddpdoctor/runs].")
 @click.option("--keep", is_flag=True, help="Keep the run directory even when the job succeeded.")
 @click.option("--keep-hung", is_flag=True, help="After reporting a hang, leave the job running.")
@@ -429,7 +430,10 @@ def run(hang_timeout: float, run_dir: Optional[str], keep: bool, keep_hung: bool
         straggler_windows: int, command: tuple) -> int:
     """Run a training command (after --) and explain it if it hangs or dies."""
     from ddpdoctor.postmortem.jobrun import RunSpec, run_job
+    from ddpdoctor.system.streams import safe_stderr, safe_stdout
 
+    safe_stdout()  # a closed stdout or stderr (>&-) is /dev/null: the job still runs, its code still returned
+    safe_stderr()
     return run_job(RunSpec(command=list(command), hang_timeout=hang_timeout, run_dir=run_dir, keep=keep,
                            keep_hung=keep_hung, straggler_window=straggler_window,
                            straggler_windows=straggler_windows))

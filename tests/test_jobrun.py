@@ -195,15 +195,17 @@ def test_dir_that_is_a_symlink_is_refused_before_the_job_starts(cli_env, tmp_pat
 
 @pytest.mark.timeout(60)
 def test_planted_symlink_inside_dir_is_not_followed(cli_env, tmp_path):
+    """Links planted in place of the files an earlier run left (the only existing --dir that is used)."""
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
+    job = ["--dir", str(run_dir), "--", sys.executable, "-c", "import sys; print('x'); sys.exit(1)"]
+    assert subprocess.run(CMD + job, env=cli_env, capture_output=True, timeout=60).returncode == 1
     victim = tmp_path / "victim"
     victim.write_text("keep me")
-    (run_dir / "output.raw.log").symlink_to(victim)
-    (run_dir / "verdict.txt").symlink_to(victim)
-    p = subprocess.run(CMD + ["--dir", str(run_dir), "--", sys.executable, "-c", "import sys; print('x'); sys.exit(1)"],
-                       env=cli_env, capture_output=True, text=True, timeout=60)
-    assert p.returncode == 1
+    for name in ("output.raw.log", "verdict.txt"):
+        (run_dir / name).unlink()
+        (run_dir / name).symlink_to(victim)
+    p = subprocess.run(CMD + job, env=cli_env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, p.stderr
     assert victim.read_text() == "keep me"
     assert not (run_dir / "output.raw.log").is_symlink() and (run_dir / "verdict.txt").is_file()
 

@@ -11,8 +11,18 @@ Job states (the state machine of :func:`run_job`)::
               for DEATH_GRACE s-->                FAILED    (the same verdict; the job is stopped; exit 1)
     RUNNING --no progress for hang_timeout-->     HUNG      (grouped stacks + explain, saved; then stop,
                                                              exit 124; with keep_hung: keep waiting)
-    RUNNING --SIGINT/SIGTERM to us-->             forwarded to the launcher's process group; when the launcher
-                                                  is gone, what is left of the job is stopped too
+    RUNNING --SIGINT/SIGTERM to us-->             INTERRUPTED (every live rank's stack read, stack_wait s at
+                                                             most; the signal passed to the launcher's process
+                                                             group; stop_grace s for the job to end, then it is
+                                                             stopped; verdict with the stacks; exit 130, or 0
+                                                             when the job exited 0 by itself. A second signal:
+                                                             SIGKILL to the whole job at once, then the verdict)
+
+Every verdict is printed once the job's output has ended (after the launcher's own closing traceback),
+so that it is the last thing on screen; a hang or a stranded rank is announced in one line when found.
+With keep_hung the hang's verdict is printed at once (the job goes on). The run directory and its
+marker are :mod:`ddpdoctor.postmortem.rundir`; the output's pass-through and raw log,
+:mod:`ddpdoctor.postmortem.output`.
 
 What is added to the job (and nothing else): a ``sitecustomize.py`` on ``PYTHONPATH`` (see
 :mod:`ddpdoctor.postmortem.inject.sitecustomize`: in each rank, faulthandler on SIGUSR2, a heartbeat of
@@ -44,17 +54,18 @@ import glob
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import IO, Optional
 
 from ddpdoctor.exitcodes import ExitCode
+from ddpdoctor.postmortem.output import OutputCopy
+from ddpdoctor.postmortem.rundir import RunDir, default_runs_root, prepare_run_dir
+from ddpdoctor.postmortem.rundir import write_private as _write_private
 from ddpdoctor.postmortem.straggle import StragglerWatch
 from ddpdoctor.system.stackframes import shown_where
 
@@ -66,8 +77,6 @@ CPU_MIN_S = 0.03  # ... and at least this many CPU seconds: a rank waiting in a 
 #                   busy rank on a crowded machine (a fraction of a core) still adds this in well under a second
 DEATH_GRACE = 5.0  # seconds the others may sit idle after a rank died before the verdict (capped by hang_timeout)
 RAW_LOG = "output.raw.log"  # the job's bytes as written, unredacted: mode 0600
-_OWN_FILES = ("proc-*.json", "beat-*", "coll-*.txt", "stacks-*.txt", "exit-*.json", ".proc-*", ".exit-*", RAW_LOG, "stacks.txt",
-              "verdict.txt", "verdict.json", "flight-recorder-rank*")
 
 
 @dataclass
@@ -96,14 +105,6 @@ class RunSpec:
     straggler_window: float = 60.0
     straggler_windows: int = 3
     err: IO = field(default_factory=lambda: sys.stderr)
-
-
-def default_runs_root() -> str:
-    """``$XDG_STATE_HOME/ddpdoctor/runs`` (``~/.local/state/ddpdoctor/runs`` when unset or relative)."""
-    state = os.environ.get("XDG_STATE_HOME", "")
-    if not os.path.isabs(state):
-        state = os.path.join(os.path.expanduser("~"), ".local", "state")
-    return os.path.join(state, "ddpdoctor", "runs")
 
 
 def job_env(run_dir: str, inject_dir: str, base: dict, run_id: str = "") -> dict:
@@ -155,141 +156,7 @@ def _torch_version() -> tuple:
 
 
 # ---------------------------------------------------------------------------------------------------
-# The run directory
-
-
-@dataclass
-class _RunDir:
-    path: str
-    inject: str
-    created: bool  # we made the directory itself (so removing it whole is ours to do)
-
-
-def _prepare_dir(spec: RunSpec) -> _RunDir:
-    """Create (or reuse, for an existing real ``--dir``) the run directory, user-only.
-
-    Raises:
-        UsageError: the path is a symbolic link, not a directory, or cannot be created.
-    """
-    from ddpdoctor.errors import UsageError
-
-    explicit = spec.run_dir is not None
-    if explicit:
-        path = os.path.abspath(spec.run_dir)
-    else:
-        path = os.path.join(default_runs_root(), f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
-    shown = spec.run_dir if explicit else path
-    created = False
-    try:
-        if os.path.islink(path):
-            raise UsageError("run-dir", f"--dir {shown} is a symbolic link; ddpdoctor run does not write "
-                             "through a link it did not create", "pass a real directory or a new path")
-        if os.path.lexists(path):
-            if not os.path.isdir(path):
-                raise UsageError("run-dir", f"--dir {shown} exists and is not a directory",
-                                 "pass a directory or a new path")
-            _clear_own_files(path)
-        else:
-            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-            os.mkdir(path, 0o700)
-            created = True
-        inject = os.path.join(path, ".inject")
-        if os.path.islink(inject):
-            os.unlink(inject)
-        os.makedirs(inject, mode=0o700, exist_ok=True)
-        target = os.path.join(inject, "sitecustomize.py")
-        if os.path.lexists(target):
-            os.unlink(target)
-        with open(os.path.join(os.path.dirname(__file__), "inject", "sitecustomize.py"), "rb") as src:
-            data = src.read()
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-    except OSError as exc:
-        raise UsageError("run-dir", f"cannot use --dir {shown}: {exc.strerror or exc}" if explicit else
-                         f"cannot create the run directory {path}: {exc.strerror or exc}",
-                         "pass a writable directory with --dir" if explicit else
-                         "set XDG_STATE_HOME to a writable directory, or pass --dir") from None
-    return _RunDir(path, inject, created)
-
-
-def _clear_own_files(path: str) -> None:
-    """Remove what an earlier run left in a reused ``--dir`` (never follows a link: unlink removes the link)."""
-    for pattern in _OWN_FILES:
-        for f in glob.glob(os.path.join(glob.escape(path), pattern)):
-            if os.path.islink(f) or os.path.isfile(f):
-                os.unlink(f)
-    inject = os.path.join(path, ".inject")
-    if os.path.islink(inject):
-        os.unlink(inject)
-    elif os.path.isdir(inject):
-        shutil.rmtree(inject, ignore_errors=True)
-
-
-def _remove_dir(rd: _RunDir) -> None:
-    """Remove the run's files (the whole directory when this run created it)."""
-    if rd.created:
-        shutil.rmtree(rd.path, ignore_errors=True)
-        return
-    _clear_own_files(rd.path)
-
-
-def _write_private(path: str, data: str) -> None:
-    """Write a file of the run directory: never through a link, user-only."""
-    if os.path.islink(path):
-        os.unlink(path)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(data)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Output and the watchdog
-
-
-class _Tee:
-    """Copies the job's stdout/stderr byte for byte to ours and to the raw log; counts bytes (progress)."""
-
-    def __init__(self, log_path: str) -> None:
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-        self.log = os.fdopen(fd, "ab")
-        self.lock = threading.Lock()
-        self.bytes = 0
-        self.threads: list = []
-        self.pipes: list = []
-
-    def start(self, pipe: IO[bytes], sink: IO[bytes]) -> None:
-        t = threading.Thread(target=self._pump, args=(pipe, sink), daemon=True)
-        t.start()
-        self.threads.append(t)
-        self.pipes.append(pipe)
-
-    def _pump(self, pipe: IO[bytes], sink: IO[bytes]) -> None:
-        fd = pipe.fileno()
-        while True:
-            try:
-                chunk = os.read(fd, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            with self.lock:
-                self.bytes += len(chunk)
-                self.log.write(chunk)
-                self.log.flush()
-            try:
-                sink.write(chunk)
-                sink.flush()
-            except (OSError, ValueError):
-                pass
-
-    def close(self) -> None:
-        for t in self.threads:
-            t.join(timeout=5)
-        for pipe in self.pipes:
-            if not any(t.is_alive() for t in self.threads):
-                pipe.close()
-        self.log.close()
+# The watchdog
 
 
 class _Watchdog:
@@ -385,6 +252,8 @@ class _Watch:
 
     def discover(self) -> None:
         for path in glob.glob(os.path.join(glob.escape(self.run_dir), "proc-*.json")):
+            if not os.path.basename(path)[5:-5].isdigit():
+                continue  # not the hook's (a file of the user's in a reused --dir)
             pid = int(os.path.basename(path)[5:-5])
             known = self.procs.get(pid)
             if known is not None and (known.rank is not None or not known.is_rank or not known.alive):
@@ -393,6 +262,8 @@ class _Watch:
                 with open(path) as f:
                     info = json.load(f)
             except (OSError, ValueError):
+                continue
+            if not isinstance(info, dict) or not isinstance(info.get("beat_file"), str):
                 continue
             rank = info.get("rank")
             rank = int(rank) if isinstance(rank, int) or (isinstance(rank, str) and rank.isdigit()) else None
@@ -623,23 +494,30 @@ def _launcher_summary(text: str) -> Optional[str]:
     return exc
 
 
-def _tail(path: str, limit: int = 8 << 20) -> str:
-    """The log's last ``limit`` bytes (the failure is at the end; a huge log must not stall the verdict)."""
-    with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        size = f.tell()
-        f.seek(max(0, size - limit))
-        return f.read().decode("utf-8", errors="replace")
+def _tail(path: str, limit: int = 8 << 20, end: Optional[int] = None) -> str:
+    """The log's last ``limit`` bytes (the failure is at the end; a huge log must not stall the verdict),
+    up to byte ``end`` (what the job wrote before an interrupt); empty when the log cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell() if end is None else min(end, f.tell())
+            f.seek(max(0, size - limit))
+            return f.read(size - f.tell()).decode("utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: str, readings: list,
-             code: Optional[int] = None) -> list:
-    """The verdict: cause first, then where the others were, the launcher's part, explain; saved."""
+             code: Optional[int] = None, log_end: Optional[int] = None) -> list:
+    """The verdict: cause first, then where the others were, the launcher's part, explain; saved.
+
+    ``kind``: failed, hung or interrupted (then ``log_end``: what the job wrote before the interrupt,
+    the part explained; what it printed as it stopped is the interrupt's doing)."""
     from ddpdoctor.causes.matcher import explain_text, first_failure
     from ddpdoctor.postmortem.explain import render_matches
     from ddpdoctor.postmortem.stacks import render_groups
 
-    text = _tail(os.path.join(run_dir, RAW_LOG))
+    text = _tail(os.path.join(run_dir, RAW_LOG), end=log_end)
     matches = explain_text(text)
     first = first_failure(text)
     dead = watch.first_death()
@@ -648,11 +526,13 @@ def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: st
         cause = f"{dead.label} {dead.death()}"
     if first and (dead is None or dead.end is None or dead.end.get("how") != "raised"):
         cause = first  # the launcher's report names the exception when the hook could not (mp.spawn, torchrun)
-    lines = [f"ddpdoctor run: {headline}" + (f"; cause: {cause}" if cause and kind != "hung" else "")]
-    if kind == "hung" and cause:
-        lines.append(f"  before it hung: {cause}")
+    lines = [f"ddpdoctor run: {headline}" + (f"; cause: {cause}" if cause and kind == "failed" else "")]
+    if kind != "failed" and cause:
+        lines.append(f"  before it {'hung' if kind == 'hung' else 'was interrupted'}: {cause}")
     if readings:
-        if kind != "hung":
+        if kind == "interrupted":
+            lines.append("  where the ranks were when it was interrupted:")
+        elif kind != "hung":
             who = dead.label if dead is not None else "the first rank"
             lines.append(f"  where the other ranks were when {who} ended:")
         lines += ["  " + line for line in render_groups(readings)]
@@ -668,18 +548,29 @@ def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: st
     if matches or first:
         lines += ["  " + line for line in render_matches(matches, f"explain ({RAW_LOG})", first)]
     lines.append(f"  saved in {run_dir} ({RAW_LOG}, stacks.txt, verdict.txt, verdict.json)")
-    _write_private(os.path.join(run_dir, "stacks.txt"), "".join(
+    unsaved = _save(os.path.join(run_dir, "stacks.txt"), lambda: "".join(
         f"--- {r.proc.label} (pid {r.proc.pid}), read with {r.method}: {r.place}\n{r.stack or r.error}\n"
         for r in readings))
-    _write_private(os.path.join(run_dir, "verdict.txt"), "\n".join(lines) + "\n")
-    _write_private(os.path.join(run_dir, "verdict.json"), json.dumps({
+    unsaved += _save(os.path.join(run_dir, "verdict.txt"), lambda: "\n".join(lines) + "\n")
+    unsaved += _save(os.path.join(run_dir, "verdict.json"), lambda: json.dumps({
         "schema": 1, "kind": kind, "headline": headline, "exit_code": code, "cause": cause, "first_failure": first,
         "causes": [m.to_dict() for m in matches],
         "stacks": [{"rank": r.proc.rank, "pid": r.proc.pid, "method": r.method, "place": r.place} for r in readings],
         "ranks": [{"rank": p.rank, "index": p.index, "pid": p.pid,
                    "state": "alive" if p.alive else (p.death() or "exited with code 0")} for p in watch.ranks()],
         "deaths": [{"rank": p.rank, "pid": p.pid, "how": p.death()} for p in watch.deaths]}, indent=2))
+    if unsaved:
+        lines.append(f"  not saved: {'; '.join(unsaved)}")
     return lines
+
+
+def _save(path: str, text) -> list:
+    """Write a report file of the run directory; ``[why it was not saved]`` (a full disk), else []."""
+    try:
+        _write_private(path, text())
+    except OSError as exc:
+        return [f"{os.path.basename(path)} ({exc.strerror or exc})"]
+    return []
 
 
 def _exit_code(returncode: int) -> int:
@@ -687,19 +578,24 @@ def _exit_code(returncode: int) -> int:
 
 
 def run_job(spec: RunSpec) -> int:
-    """Run ``spec.command``; returns the job's exit code, or 124 when it hung.
+    """Run ``spec.command``; returns the job's exit code, 124 when it hung, 130 when interrupted.
 
     Raises:
         UsageError: the run directory cannot be used or the command cannot be started.
     """
     from ddpdoctor.errors import UsageError
 
-    rd = _prepare_dir(spec)
+    rd = prepare_run_dir(spec.run_dir)
     run_dir = rd.path
     run_id = uuid.uuid4().hex
     env = job_env(run_dir, rd.inject, dict(os.environ), run_id)
     env.setdefault("DDPDOCTOR_BEAT_S", f"{max(0.05, min(1.0, spec.hang_timeout / 10)):g}")
-    tee = _Tee(os.path.join(run_dir, RAW_LOG))
+    try:
+        tee = OutputCopy(os.path.join(run_dir, RAW_LOG))
+    except OSError as exc:
+        rd.remove()
+        raise UsageError("run-dir", f"cannot write {RAW_LOG} in {run_dir}: {exc.strerror or exc}",
+                         "pass a writable directory with --dir") from None
     watchdog = _Watchdog(run_id)  # first: from here on, our death takes the job with it
     started = time.monotonic()
     try:
@@ -708,28 +604,25 @@ def run_job(spec: RunSpec) -> int:
     except OSError as exc:
         tee.close()
         watchdog.done()
-        _remove_dir(rd)
+        rd.remove()
         raise UsageError("cannot-start", f"cannot start {spec.command[0]!r}: {exc.strerror}",
                          "check the command after --") from None
     watchdog.tell(f"pgid {proc.pid}")
-    tee.start(proc.stdout, sys.stdout.buffer)
-    tee.start(proc.stderr, sys.stderr.buffer)
+    tee.start(proc.stdout, _binary(sys.stdout))
+    tee.start(proc.stderr, _binary(sys.stderr))
     watch = _Watch(run_dir)
     stragglers = StragglerWatch(run_dir, spec.straggler_window, spec.straggler_windows)
-    forwarded: list = []
+    forwarded: list = []  # SIGINT/SIGTERM to us, in order (the first is acted on in the loop: _interrupt)
 
     def forward(signum: int, _frame: object) -> None:
         forwarded.append(signum)
-        if len(forwarded) > 2:
+        if len(forwarded) > 1:  # a second one: stop the job now, skip every wait
             _signal_job(proc, run_id, signal.SIGKILL)
-            return
-        try:
-            os.killpg(proc.pid, signum)
-        except OSError:
-            pass
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     verdict_kind: Optional[str] = None
+    verdict: list = []  # printed once the job's output ended: the verdict is the last thing on screen
+    stopped: dict = {}  # the interrupt: the signal, the output before it, the stacks, how the job ended
     try:
         last_progress = last = time.monotonic()
         out_bytes = 0
@@ -737,6 +630,10 @@ def run_job(spec: RunSpec) -> int:
         poll = max(POLL, min(1.0, spec.hang_timeout / 20))
         ended = _exit_waiter(proc)
         while proc.poll() is None:
+            if forwarded and (verdict_kind is None or (verdict_kind == "hung" and spec.keep_hung)):
+                verdict_kind = "interrupted"
+                stopped.update(_interrupt(spec, proc, run_id, watch, run_dir, forwarded, tee, ended))
+                break
             if ended(poll):
                 break
             now = time.monotonic()
@@ -762,26 +659,30 @@ def run_job(spec: RunSpec) -> int:
                 if not snapshot:
                     snapshot = _read_live(watch, run_dir, wait=spec.stack_wait, only_read=True)
                 dead = watch.first_death()
-                lines = _verdict(spec, run_dir, watch, "failed",
-                                 f"{dead.label if dead else 'a rank'} ended and the others were left waiting "
-                                 f"(no progress for {idle:.0f}s)", snapshot, 1)
-                lines.append(f"  stopping the job (SIGTERM, SIGKILL after {spec.stop_grace:g}s); exit 1")
-                _say(spec, lines)
+                verdict = _verdict(spec, run_dir, watch, "failed",
+                                   f"{dead.label if dead else 'a rank'} ended and the others were left waiting "
+                                   f"(no progress for {idle:.0f}s)", snapshot, 1)
+                verdict.append(f"  stopped the job (SIGTERM, SIGKILL after {spec.stop_grace:g}s); exit 1")
+                _say(spec, [f"ddpdoctor run: {dead.label if dead else 'a rank'} ended and the others were left "
+                            f"waiting: stopping the job; the verdict follows its last output"])
                 _stop(proc, run_id, spec.stop_grace)
                 break
             if watch.procs and idle >= spec.hang_timeout:
                 verdict_kind = "hung"
                 readings = _read_live(watch, run_dir, spec.stack_wait)
-                lines = _verdict(spec, run_dir, watch, "hung",
-                                 f"hung: no rank made progress for {spec.hang_timeout:g}s", readings,
-                                 int(ExitCode.HUNG))
-                if not spec.keep_hung:
-                    lines.append(f"  stopping the job (SIGTERM, SIGKILL after {spec.stop_grace:g}s); "
-                                 f"exit {int(ExitCode.HUNG)}")
-                _say(spec, lines)
-                if not spec.keep_hung:
-                    _stop(proc, run_id, spec.stop_grace)
-                    break
+                verdict = _verdict(spec, run_dir, watch, "hung",
+                                   f"hung: no rank made progress for {spec.hang_timeout:g}s", readings,
+                                   int(ExitCode.HUNG))
+                if spec.keep_hung:  # the job goes on printing: nothing to wait for
+                    _say(spec, verdict)
+                    verdict = []
+                    continue
+                verdict.append(f"  stopped the job (SIGTERM, SIGKILL after {spec.stop_grace:g}s); "
+                               f"exit {int(ExitCode.HUNG)}")
+                _say(spec, [f"ddpdoctor run: hung: no rank made progress for {spec.hang_timeout:g}s: stopping "
+                            "the job; the verdict follows its last output"])
+                _stop(proc, run_id, spec.stop_grace)
+                break
         proc.wait()
         _settle(proc, run_id, spec.stop_grace)
     except BaseException:
@@ -792,19 +693,25 @@ def run_job(spec: RunSpec) -> int:
             signal.signal(s, h)
         tee.close()
         watchdog.done()
+        rd.seal()
+    code = _exit_code(proc.returncode)
+    if verdict_kind == "interrupted":
+        return _report_interrupt(spec, rd, watch, tee, code, stopped)
+    if verdict:
+        _say(spec, verdict + _unsaved(tee))
     watch.discover()
     watch.sample(POLL)
-    code = _exit_code(proc.returncode)
     elapsed = time.monotonic() - started
     if verdict_kind == "hung" and not spec.keep_hung:
         return ExitCode.HUNG
     if verdict_kind == "failed":
         return 1
-    if verdict_kind is None and not forwarded and (code != 0 or watch.deaths):
+    if verdict_kind is None and (code != 0 or watch.deaths):
         head = f"the job failed (exit {code})" if code != 0 else "the job exited 0, but a rank failed"
-        _say(spec, _verdict(spec, run_dir, watch, "failed", head, snapshot, code))
+        _say(spec, _verdict(spec, run_dir, watch, "failed", head, snapshot, code) + _unsaved(tee))
+        rd.seal()
         return code
-    if verdict_kind is None and not forwarded and code == 0:
+    if verdict_kind is None and code == 0:
         n = len(watch.ranks())
         who = f"{n} rank{'s' if n != 1 else ''}" if n else "1 process"
         kept = spec.keep
@@ -815,13 +722,62 @@ def run_job(spec: RunSpec) -> int:
         if kept:
             line += f"; kept {run_dir}"
         else:
-            _remove_dir(rd)
-        _say(spec, [line])
+            rd.remove()
+        _say(spec, _unsaved(tee) + [line])
         return code
-    if forwarded:
-        _say(spec, [f"ddpdoctor run: stopped by {signal.Signals(forwarded[0]).name} (exit {code}); "
-                    f"saved in {run_dir} ({RAW_LOG})"])
+    rd.seal()
     return code
+
+
+def _binary(stream: object) -> Optional[IO[bytes]]:
+    """The byte stream under one of ours (None when there is none: the job's output then only goes to the log)."""
+    return getattr(stream, "buffer", None)
+
+
+def _unsaved(tee: OutputCopy) -> list:
+    line = tee.unsaved()
+    return [line] if line else []
+
+
+def _interrupt(spec: RunSpec, proc: subprocess.Popen, run_id: str, watch: _Watch, run_dir: str, forwarded: list,
+               tee: OutputCopy, ended) -> dict:
+    """The first Ctrl-C (or SIGTERM) to ``run``: read every live rank's stack (``stack_wait`` s at most),
+    pass the signal on to the job, wait for it to end (``stop_grace`` s, then stop it: SIGTERM, SIGKILL).
+    A second signal skips the waits (the job is SIGKILLed by the handler). What happened, for the verdict.
+    """
+    sig = signal.Signals(forwarded[0])
+    _say(spec, [f"ddpdoctor run: {sig.name}: reading the ranks' stacks, then passing {sig.name} to the job "
+                f"(again to stop it at once)"])
+    log_end = tee.bytes
+    watch.discover()
+    readings = _read_live(watch, run_dir, spec.stack_wait) if len(forwarded) < 2 else []
+    try:
+        os.killpg(proc.pid, sig)
+    except OSError:
+        pass
+    deadline = time.monotonic() + spec.stop_grace
+    while len(forwarded) < 2 and time.monotonic() < deadline and not ended(0.1):
+        pass
+    how = "ended by itself"
+    if len(forwarded) > 1 and (proc.poll() is None or proc.returncode == -signal.SIGKILL):
+        how = "was stopped at once (SIGKILL: interrupted again)"
+        _leave_nothing(proc, run_id)
+    elif proc.poll() is None:
+        how = f"did not end in {spec.stop_grace:g}s and was stopped (SIGTERM, then SIGKILL)"
+        _stop(proc, run_id, spec.stop_grace)
+    return {"signal": sig.name, "log_end": log_end, "readings": readings, "how": how}
+
+
+def _report_interrupt(spec: RunSpec, rd: RunDir, watch: _Watch, tee: OutputCopy, code: int, stopped: dict) -> int:
+    """The interrupt's verdict, after the job's last output: where the ranks were; exit 130 (0 when the
+    job handled the interrupt and exited 0 by itself)."""
+    ours = 0 if code == 0 and stopped["how"] == "ended by itself" else int(ExitCode.INTERRUPTED)
+    lines = _verdict(spec, rd.path, watch, "interrupted", f"interrupted by {stopped['signal']}", stopped["readings"],
+                     ours, log_end=stopped["log_end"])
+    lines.append(f"  {stopped['signal']} passed to the job; it {stopped['how']} (exit {code}); exit {ours}")
+    rd.seal()
+    _say(spec, lines + _unsaved(tee))
+    return ours
 
 
 def _say(spec: RunSpec, lines: list) -> None:

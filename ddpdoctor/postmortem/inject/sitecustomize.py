@@ -281,7 +281,10 @@ def _ddpdoctor_install(role):
             frame = back = None
             if here != last:
                 last, count = here, count + 1
-                os.pwrite(beat_fd, b"%012d\n" % count, 0)
+                try:
+                    os.pwrite(beat_fd, b"%012d\n" % count, 0)
+                except OSError:  # a full disk: the beat is lost, never the job (nor a traceback in its output)
+                    pass
 
     thread = threading.Thread(target=beat, name="ddpdoctor-heartbeat", daemon=True)
     thread.start()
