@@ -220,7 +220,8 @@ def test_stacks_descends_from_the_mp_spawn_parent(cli_env, tmp_path):
                 p = subprocess.run(CMD + ["stacks", str(parent)], env={**cli_env, "DDPDOCTOR_STACKS_METHOD": "handler"},
                                    capture_output=True, text=True, timeout=60)
                 out = p.stdout
-                if "barrier" in out and "all_reduce" in out:
+                # the steady state: ranks 0 and 2 past DDP's backward, in the skipped all_reduce
+                if "barrier, called from" in out and ": all_reduce, called from" in out:
                     break
             time.sleep(0.5)
         lines = out.splitlines()
