@@ -33,9 +33,11 @@ watched only while no rank is alive. Hung: no rank made progress for ``hang_time
 A healthy job is never signalled. Stack requests go only to live ranks whose handler is installed
 (checked in ``/proc/<pid>/status`` right before the signal); a rank that exits ignores the signal from
 its ``atexit`` on. A job is stopped only after a verdict, or when the user's Ctrl-C/SIGTERM left parts
-of it running: SIGTERM to the launcher's group and every process of the job (found by the
+of it running: SIGTERM to the launcher's group and every process of the job (every process below the
+watchdog, which starts the launcher and is the job's child subreaper, and any process carrying the
 ``DDPDOCTOR_RUN_ID`` in its environment), a deadline, then SIGKILL. If ``ddpdoctor run`` itself is
-killed, :mod:`ddpdoctor.postmortem.watchdog` ends the job.
+killed, :mod:`ddpdoctor.postmortem.watchdog` ends the job. What counts as a rank's work, less
+ddpdoctor's own inside it: :mod:`ddpdoctor.postmortem.progress`.
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ def job_env(run_dir: str, inject_dir: str, base: dict, run_id: str = "") -> dict
     env = dict(base)
     env["PYTHONPATH"] = inject_dir + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["DDPDOCTOR_RUN_DIR"] = run_dir
-    env["DDPDOCTOR_RUN_PID"] = str(os.getpid())
+    env["DDPDOCTOR_RUN_PID"] = str(os.getpid())  # the launched command's parent: the watchdog puts its own
     env["DDPDOCTOR_RUN_ID"] = run_id or uuid.uuid4().hex
     env.pop("DDPDOCTOR_RANK_MARK", None)
     env.setdefault("DDPDOCTOR_STACK_SIGNAL", "SIGUSR2")
