@@ -204,3 +204,36 @@ def test_a_stacks_request_during_a_hang_does_not_restart_the_hang_clock(cli_env,
     # due at `hang` after the hang began (plus polling and reading the stacks); a restarted clock puts it
     # at `hang` after the look, 0.6 * hang later
     assert hang - 2 <= at < 1.3 * hang, f"verdict {at:.1f} s after the hang began (looked at {looked:.1f} s)"
+
+
+@pytest.mark.timeout(60)
+def test_the_launcher_gets_default_signal_actions_and_runs_stdin(cli_env, tmp_path):
+    """The watchdog ignores SIGINT, SIGHUP and SIGPIPE for itself; the launcher it starts must not
+    inherit that (a forwarded Ctrl-C would do nothing), and it reads run's own standard input."""
+    pid_file = tmp_path / "pid"
+    run = subprocess.Popen(CMD + ["--hang-timeout", "300", "--dir", str(tmp_path / "run"), "--", "/bin/sh", "-c",
+                                  f"read line; echo \"$line\" > {pid_file}.tmp; echo $$ >> {pid_file}.tmp; "
+                                  f"mv {pid_file}.tmp {pid_file}; exec sleep 60"],
+                           env=cli_env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        run.stdin.write("hello from run's stdin\n")
+        run.stdin.close()
+        run.stdin = None  # sent; communicate() below only reads
+        deadline = time.monotonic() + 40
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        said, pid = pid_file.read_text().splitlines()
+        assert said == "hello from run's stdin"
+        with open(f"/proc/{pid}/status") as f:
+            status = f.read()
+        ignored = int(next(x for x in status.splitlines() if x.startswith("SigIgn:")).split()[1], 16)
+        for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
+            assert not ignored >> (sig - 1) & 1, f"the job ignores {sig.name}"
+        run.send_signal(signal.SIGINT)  # forwarded to the launcher's group: sleep dies of it
+        _, err = run.communicate(timeout=40)
+        assert run.returncode == 130, err
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()

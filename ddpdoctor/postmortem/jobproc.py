@@ -85,12 +85,6 @@ class Launched:
             self._read(left)
         return self.returncode
 
-    def job_pids(self) -> list:
-        """Every live process below the watchdog (the whole job: nothing can leave that tree)."""
-        from ddpdoctor.postmortem.watchdog import descendants
-
-        return descendants(self.watchdog.pid)
-
     def tell(self, line: str) -> None:
         try:
             self.watchdog.stdin.write(line.encode() + b"\n")  # type: ignore[union-attr]

@@ -478,10 +478,9 @@ def _running(pid: int) -> bool:
 def _job_pids(proc: Launched, run_id: str) -> list:
     """Every live process of the job: below the watchdog (what no process can leave), and any other
     process of this user tagged with the run's id."""
-    from ddpdoctor.postmortem.watchdog import tagged_pids
+    from ddpdoctor.postmortem.watchdog import job_pids
 
-    below = proc.job_pids()
-    return below + [p for p in tagged_pids(run_id, exclude=(proc.watchdog.pid,)) if p not in below]
+    return job_pids(proc.watchdog.pid, run_id)
 
 
 def _signal_job(proc: Launched, run_id: str, sig: int) -> list:
@@ -716,6 +715,9 @@ def run_job(spec: RunSpec) -> int:
                     break
         proc.wait()
         _settle(proc, run_id, spec.stop_grace)
+        if proc.lost:
+            _say(spec, ["ddpdoctor run: the watchdog that started the job ended before it (killed?): the "
+                        "job's exit code is unknown, reported as 1"])
     except BaseException:
         _leave_nothing(proc, run_id)
         raise

@@ -41,12 +41,12 @@ import signal
 import sys
 import time
 
-__all__ = ["tagged_pids", "descendants", "become_subreaper", "sweep", "main"]
+__all__ = ["tagged_pids", "descendants", "job_pids", "become_subreaper", "sweep", "main"]
 
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-def tagged_pids(run_id: str, exclude: tuple = ()) -> list:
+def tagged_pids(run_id: str) -> list:
     """PIDs of this user's processes whose environment holds ``DDPDOCTOR_RUN_ID=run_id``."""
     needle = f"DDPDOCTOR_RUN_ID={run_id}".encode()
     me, uid, out = os.getpid(), os.getuid(), []
@@ -55,7 +55,7 @@ def tagged_pids(run_id: str, exclude: tuple = ()) -> list:
     except OSError:
         return out
     for name in names:
-        if not name.isdigit() or int(name) == me or int(name) in exclude:
+        if not name.isdigit() or int(name) == me:
             continue
         try:
             if os.stat(f"/proc/{name}").st_uid != uid and uid != 0:
@@ -92,8 +92,12 @@ def _parents() -> dict:
 
 def descendants(root: int) -> list:
     """PIDs of every live process below ``root`` (its children, theirs, ...), ``root`` excluded."""
+    return _below(_parents(), root)
+
+
+def _below(parents: dict, root: int) -> list:
     children: dict = {}
-    for pid, ppid in _parents().items():
+    for pid, ppid in parents.items():
         children.setdefault(ppid, []).append(pid)
     out, todo = [], [root]
     while todo:
@@ -102,6 +106,42 @@ def descendants(root: int) -> list:
                 out.append(pid)
                 todo.append(pid)
     return out
+
+
+def job_pids(root: int, run_id: str) -> list:
+    """The job's live processes, in one pass over ``/proc``: those below ``root`` (the watchdog) and
+    this user's processes tagged ``DDPDOCTOR_RUN_ID=run_id`` elsewhere (``root`` itself excluded)."""
+    needle = f"DDPDOCTOR_RUN_ID={run_id}".encode()
+    me, uid, parents, tagged = os.getpid(), os.getuid(), {}, []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) < 2 or fields[0] in (b"Z", b"X"):
+            continue
+        parents[pid] = int(fields[1])
+        if pid in (me, root):
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid != uid and uid != 0:
+                continue
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    tagged.append(pid)
+        except OSError:
+            continue
+    below = _below(parents, root)
+    return below + [p for p in tagged if p not in below]
 
 
 def become_subreaper() -> bool:
@@ -129,9 +169,9 @@ def _reap(launcher: int) -> object:
             code = os.waitstatus_to_exitcode(status)
 
 
-def sweep(run_id: str, pgid: int = 0, deadline_s: float = 5.0) -> int:
-    """SIGKILL the job's process group, every descendant of this process and every tagged process
-    until none is left (reaping as it goes); how many were hit."""
+def sweep(run_id: str, pgid: int = 0, deadline_s: float = 5.0, tagged: bool = True) -> int:
+    """SIGKILL the job's process group, every descendant of this process and (``tagged``) every
+    tagged process until none is left (reaping as it goes); how many were hit."""
     hit = 0
     end = time.monotonic() + deadline_s
     me = os.getpid()
@@ -141,7 +181,7 @@ def sweep(run_id: str, pgid: int = 0, deadline_s: float = 5.0) -> int:
                 os.killpg(pgid, signal.SIGKILL)
             except OSError:
                 pass
-        pids = descendants(me) + tagged_pids(run_id)
+        pids = descendants(me) + (tagged_pids(run_id) if tagged else [])
         for pid in dict.fromkeys(pids):
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -161,21 +201,29 @@ def _say(line: str) -> None:
         pass  # run is gone: nobody to tell
 
 
-def _start(spec: dict, fds: list) -> int:
-    """Start the launcher in a session of its own on the job's stdin/stdout/stderr; its PID."""
-    import subprocess
+_IGNORED = (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE)  # by the watchdog; the job gets the defaults back
 
+
+def _start(spec: dict, fds: list) -> int:
+    """Start the launcher in a session of its own on the job's stdin/stdout/stderr; its PID.
+
+    ``posix_spawnp``, not ``subprocess``: the job waits for this, and importing subprocess would cost
+    the start of every job tens of milliseconds under load.
+    """
     env = dict(spec["env"])
     env["DDPDOCTOR_RUN_PID"] = str(os.getpid())  # the launched command's parent: the hook's "top" test
-    stdin = fds[0] if fds[0] >= 0 else subprocess.DEVNULL
-    proc = subprocess.Popen(spec["argv"], env=env, stdin=stdin, stdout=fds[1], stderr=fds[2],
-                            start_new_session=True)
-    proc.returncode = 0  # reaped by _reap (waitpid(-1)), not by Popen
-    return proc.pid
+    actions = [(os.POSIX_SPAWN_DUP2, fds[0], 0) if fds[0] >= 0 else
+               (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+               (os.POSIX_SPAWN_DUP2, fds[1], 1), (os.POSIX_SPAWN_DUP2, fds[2], 2)]
+    for fd in fds:
+        if fd >= 0:
+            os.set_inheritable(fd, False)  # only as 0, 1, 2 (dup2 makes those inheritable)
+    argv = list(spec["argv"])
+    return os.posix_spawnp(argv[0], argv, env, file_actions=actions, setsid=True, setsigdef=_IGNORED)
 
 
 def main(argv: list) -> int:
-    for s in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
+    for s in _IGNORED:
         signal.signal(s, signal.SIG_IGN)
     become_subreaper()
     run_id = argv[1]
@@ -198,7 +246,7 @@ def main(argv: list) -> int:
         _say(f"started {launcher}")
     except OSError as exc:
         _say(f"error {exc.errno or 0} {exc.strerror or exc}")
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
         _say(f"error 0 {exc}")
     for fd in fds:
         if fd >= 0:
@@ -218,7 +266,9 @@ def main(argv: list) -> int:
                 break
             buf += chunk
             done = done or b"done" in buf.split()
-    sweep(run_id, launcher if not done else 0, deadline_s=5.0)
+    # run died: everything. After "done", run has stopped the job (both ways): what is still below
+    # (a process that was starting while run looked) is all that can be left.
+    sweep(run_id, 0 if done else launcher, deadline_s=5.0, tagged=not done)
     return 0
 
 
