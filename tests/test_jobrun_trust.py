@@ -237,3 +237,25 @@ def test_the_launcher_gets_default_signal_actions_and_runs_stdin(cli_env, tmp_pa
         if run.poll() is None:
             run.kill()
             run.wait()
+
+
+@pytest.mark.timeout(10)
+def test_no_frame_of_ddpdoctor_stands_in_for_the_users_line():
+    """The rule every verdict names a place with: the hook's wrappers (in any run's .inject folder) and
+    ddpdoctor's package (here: a library helper the user called) are skipped like torch's frames."""
+    import ddpdoctor
+    from ddpdoctor.system.stackframes import user_place, where_hung
+
+    helper = os.path.join(os.path.dirname(ddpdoctor.__file__), "training", "reduce.py")
+    stack = ("Current thread 0x0 (most recent call first):\n"
+             '  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 3252 in all_reduce\n'
+             '  File "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 83 in wrapper\n'
+             '  File "/home/me/.local/state/ddpdoctor/runs/x/.inject/sitecustomize.py", line 151 in timed\n'
+             f'  File "{helper}", line 40 in reduce_dict\n'
+             '  File "/home/me/proj/train.py", line 88 in step\n')
+    assert where_hung(stack) == "all_reduce, called from step (/home/me/proj/train.py:88)"
+    frames = [["/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", 83, "wrapper"],
+              ["/work/run/.inject/sitecustomize.py", 151, "timed"], [helper, 40, "reduce_dict"],
+              ["/home/me/proj/train.py", 88, "step"]]
+    assert user_place(frames) == "step (/home/me/proj/train.py:88)"
+    assert user_place(frames[:3]) == ""  # none is the user's: nothing named, never ddpdoctor's
