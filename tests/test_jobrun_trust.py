@@ -183,7 +183,7 @@ def test_a_stacks_request_during_a_hang_does_not_restart_the_hang_clock(cli_env,
             time.sleep(0.02)
         assert marker.exists(), "".join(x for _, x in lines)[-3000:]
         began = time.monotonic()
-        time.sleep(0.6 * hang - (time.monotonic() - began))
+        time.sleep(0.5 * hang - (time.monotonic() - began))
         pids = [json.loads(p.read_text())["pid"] for p in run_dir.glob("proc-*.json")
                 if json.loads(p.read_text()).get("role") == "rank"]
         look = subprocess.run([sys.executable, "-m", "ddpdoctor", "stacks", "--wait", "5", *map(str, pids)],
@@ -201,9 +201,9 @@ def test_a_stacks_request_during_a_hang_does_not_restart_the_hang_clock(cli_env,
         run.stderr.close()
     assert run.returncode == 124, "".join(x for _, x in lines)[-3000:]
     at = next(t for t, x in lines if x.startswith("ddpdoctor run: hung")) - began
-    # due at `hang` after the hang began (plus polling and reading the stacks); a restarted clock puts it
-    # at `hang` after the look, 0.6 * hang later
-    assert hang - 2 <= at < 1.3 * hang, f"verdict {at:.1f} s after the hang began (looked at {looked:.1f} s)"
+    # due at `hang` after the hang began, plus polling, reading the stacks and explain (2.6 s at load 25);
+    # a restarted clock puts it at `hang` after the look: at 1.5 * hang or later
+    assert hang - 2 <= at < 1.4 * hang, f"verdict {at:.1f} s after the hang began (looked at {looked:.1f} s)"
 
 
 @pytest.mark.timeout(60)
