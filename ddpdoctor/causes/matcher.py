@@ -17,7 +17,7 @@ from ddpdoctor.causes.catalogue import CAUSES, Cause
 from ddpdoctor.causes.evidence import refine
 from ddpdoctor.system.redact import safe_text
 from ddpdoctor.system.signals import signal_hint
-from ddpdoctor.system.stackframes import shown_path
+from ddpdoctor.system.stackframes import is_user, shown_path
 
 __all__ = ["Match", "explain_text", "first_failure", "ranks_of_lines", "LogScanner", "ScanResult", "scan_text",
            "LINE_CAP"]
@@ -198,7 +198,7 @@ def _spawn_failure(lines: Sequence[str]) -> Optional[str]:
         for body in lines[i + 1:]:
             f = _TB_FRAME.search(body)
             if f:
-                if "/site-packages/" not in f.group("file") and "/lib/python" not in f.group("file"):
+                if is_user(f.group("file")):
                     where = f"{f.group('func')} ({shown_path(f.group('file'))}:{f.group('line')})"
                 continue
             if body and not body[0].isspace() and not body.startswith(("Traceback", "The above exception",
@@ -486,7 +486,7 @@ class LogScanner:
             return
         body = (line[m.end():] if m else line).strip()  # _PREFIX.sub("", line): the prefix is at the start
         f = _TB_FRAME.search(body) if 'File "' in body else None
-        if f and "/site-packages/" not in f.group("file") and "/lib/python" not in f.group("file"):
+        if f and is_user(f.group("file")):
             where = f"{f.group('func')} ({shown_path(f.group('file'))}:{f.group('line')})"
             self._per_rank.setdefault(rank, ["", ""])[1] = where
         elif ("Error" in body or "Exception" in body or "Interrupt" in body) and _EXC_LINE.match(body) \

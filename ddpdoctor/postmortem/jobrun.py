@@ -43,9 +43,11 @@ watched only while no rank is alive. Hung: no rank made progress for ``hang_time
 A healthy job is never signalled. Stack requests go only to live ranks whose handler is installed
 (checked in ``/proc/<pid>/status`` right before the signal); a rank that exits ignores the signal from
 its ``atexit`` on. A job is stopped only after a verdict, or when the user's Ctrl-C/SIGTERM left parts
-of it running: SIGTERM to the launcher's group and every process of the job (found by the
+of it running: SIGTERM to the launcher's group and every process of the job (every process below the
+watchdog, which starts the launcher and is the job's child subreaper, and any process carrying the
 ``DDPDOCTOR_RUN_ID`` in its environment), a deadline, then SIGKILL. If ``ddpdoctor run`` itself is
-killed, :mod:`ddpdoctor.postmortem.watchdog` ends the job.
+killed, :mod:`ddpdoctor.postmortem.watchdog` ends the job. What counts as a rank's work, less
+ddpdoctor's own inside it: :mod:`ddpdoctor.postmortem.progress`.
 """
 
 from __future__ import annotations
@@ -55,7 +57,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -66,8 +67,9 @@ from ddpdoctor.exitcodes import ExitCode
 from ddpdoctor.postmortem.output import OutputCopy
 from ddpdoctor.postmortem.rundir import RunDir, default_runs_root, prepare_run_dir
 from ddpdoctor.postmortem.rundir import write_private as _write_private
+from ddpdoctor.postmortem.jobproc import Launched, launch
 from ddpdoctor.postmortem.straggle import StragglerWatch
-from ddpdoctor.system.stackframes import shown_where
+from ddpdoctor.system.stackframes import shown_where, user_place
 
 __all__ = ["RunSpec", "run_job", "job_env", "default_runs_root", "RAW_LOG", "DEATH_GRACE"]
 
@@ -112,7 +114,7 @@ def job_env(run_dir: str, inject_dir: str, base: dict, run_id: str = "") -> dict
     env = dict(base)
     env["PYTHONPATH"] = inject_dir + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["DDPDOCTOR_RUN_DIR"] = run_dir
-    env["DDPDOCTOR_RUN_PID"] = str(os.getpid())
+    env["DDPDOCTOR_RUN_PID"] = str(os.getpid())  # the launched command's parent: the watchdog puts its own
     env["DDPDOCTOR_RUN_ID"] = run_id or uuid.uuid4().hex
     env.pop("DDPDOCTOR_RANK_MARK", None)
     env.setdefault("DDPDOCTOR_STACK_SIGNAL", "SIGUSR2")
@@ -156,47 +158,6 @@ def _torch_version() -> tuple:
 
 
 # ---------------------------------------------------------------------------------------------------
-# The watchdog
-
-
-class _Watchdog:
-    """The process that ends the job if ``ddpdoctor run`` dies (see :mod:`ddpdoctor.postmortem.watchdog`)."""
-
-    def __init__(self, run_id: str) -> None:
-        script = os.path.join(os.path.dirname(__file__), "watchdog.py")
-        self.proc: Optional[subprocess.Popen] = None
-        try:
-            self.proc = subprocess.Popen([sys.executable, "-I", "-S", script, run_id], stdin=subprocess.PIPE,
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                         start_new_session=True)
-        except OSError:
-            self.proc = None
-
-    def tell(self, line: str) -> None:
-        if self.proc is not None and self.proc.stdin is not None:
-            try:
-                self.proc.stdin.write(line.encode() + b"\n")
-                self.proc.stdin.flush()
-            except (OSError, ValueError):
-                pass
-
-    def done(self) -> None:
-        """Normal end: the job is already stopped and reaped; let the watchdog go."""
-        if self.proc is None:
-            return
-        self.tell("done")
-        try:
-            self.proc.stdin.close()  # type: ignore[union-attr]
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-# ---------------------------------------------------------------------------------------------------
 # The ranks and their progress
 
 
@@ -234,11 +195,21 @@ class _Proc:
         if e is None:
             return "ended without a Python exit (killed by a signal)"
         if e.get("how") == "raised":
-            return f"raised {e.get('exception', '')}" + (f" at {shown_where(e['where'])}" if e.get("where") else "")
+            where = _raised_where(e)
+            return f"raised {e.get('exception', '')}" + (f" at {where}" if where else "")
         code = e.get("code")
         if code not in (0, None):
             return f"exited with code {code}"
         return None
+
+
+def _raised_where(end: dict) -> str:
+    """The user's line in a rank's exit record: the innermost frame that is neither a library's nor
+    ddpdoctor's own (its timing wrappers wrap every collective); "" when none is."""
+    frames = end.get("frames")
+    if isinstance(frames, list):
+        return user_place(f for f in frames if isinstance(f, list) and len(f) == 3)
+    return shown_where(end["where"]) if isinstance(end.get("where"), str) else ""
 
 
 class _Watch:
@@ -273,7 +244,7 @@ class _Watch:
                 continue
             role = info.get("role") or ("rank" if rank is not None else "top")
             p = _Proc(pid, role, rank, index, info["beat_file"], info)
-            p.cpu, p.io = _usage(pid)
+            p.cpu, p.io = _usage(p)
             p.cpu_at = time.monotonic()
             self.procs[pid] = p
 
@@ -301,7 +272,7 @@ class _Watch:
                     beat = f.read(13)
             except OSError:
                 beat = p.beat
-            cpu, io = _usage(p.pid)
+            cpu, io = _usage(p)
             now = time.monotonic()
             busy = cpu - p.cpu >= max(CPU_MIN_S, CPU_BUSY * (now - p.cpu_at))
             # past its atexit (the exit record is written): the interpreter is tearing down, not hung
@@ -348,26 +319,14 @@ def _consequence(p: _Proc) -> bool:
     return bool(text) and any(m.cause.id == "peer-closed" for m in explain_text(text))
 
 
-def _usage(pid: int) -> tuple:
-    """CPU seconds and bytes read+written by ``pid`` and its descendants (DataLoader workers)."""
-    import psutil  # here, not at the top: the wrapper starts the job before its first sample
+def _usage(p: _Proc) -> tuple:
+    """The rank's CPU seconds and I/O bytes (with its children), less ddpdoctor's own work inside it:
+    its heartbeat thread and its stack dumps (see :mod:`ddpdoctor.postmortem.progress`)."""
+    from ddpdoctor.postmortem.progress import usage
 
-    cpu, io = 0.0, 0
-    try:
-        me = psutil.Process(pid)
-        family = [me] + me.children(recursive=True)
-    except psutil.Error:
-        return cpu, io
-    for q in family:
-        try:
-            with q.oneshot():
-                t = q.cpu_times()
-                cpu += t.user + t.system
-                c = q.io_counters()
-                io += c.read_chars + c.write_chars
-        except (psutil.Error, AttributeError):
-            continue
-    return cpu, io
+    stack = p.info.get("stack_file")
+    own = p.info.get("own_threads")
+    return usage(p.pid, own if isinstance(own, list) else (), [stack] if isinstance(stack, str) else [])
 
 
 def _running(pid: int) -> bool:
@@ -383,19 +342,21 @@ def _running(pid: int) -> bool:
 # Stopping the job
 
 
-def _job_pids(run_id: str) -> list:
-    from ddpdoctor.postmortem.watchdog import tagged_pids
+def _job_pids(proc: Launched, run_id: str) -> list:
+    """Every live process of the job: below the watchdog (what no process can leave), and any other
+    process of this user tagged with the run's id."""
+    from ddpdoctor.postmortem.watchdog import job_pids
 
-    return tagged_pids(run_id)
+    return job_pids(proc.watchdog.pid, run_id)
 
 
-def _signal_job(proc: subprocess.Popen, run_id: str, sig: int) -> list:
+def _signal_job(proc: Launched, run_id: str, sig: int) -> list:
     """``sig`` to the launcher's process group and every process of the job; the PIDs signalled."""
     try:
         os.killpg(proc.pid, sig)
     except OSError:
         pass
-    pids = _job_pids(run_id)
+    pids = _job_pids(proc, run_id)
     for pid in pids:
         try:
             os.kill(pid, sig)
@@ -404,61 +365,31 @@ def _signal_job(proc: subprocess.Popen, run_id: str, sig: int) -> list:
     return pids
 
 
-def _stop(proc: subprocess.Popen, run_id: str, grace: float) -> None:
+def _stop(proc: Launched, run_id: str, grace: float) -> None:
     """SIGTERM to the whole job, ``grace`` seconds, then SIGKILL to what is left; reap the launcher."""
     _signal_job(proc, run_id, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        if proc.poll() is not None and not _job_pids(run_id):
+        if proc.poll() is not None and not _job_pids(proc, run_id):
             break
         time.sleep(0.05)
     _leave_nothing(proc, run_id)
 
 
-def _leave_nothing(proc: subprocess.Popen, run_id: str) -> None:
+def _leave_nothing(proc: Launched, run_id: str) -> None:
     """SIGKILL whatever of the job is left (its launcher included) and reap the launcher."""
     for _ in range(100):
-        left = _signal_job(proc, run_id, signal.SIGKILL) if proc.poll() is None or _job_pids(run_id) else []
+        left = _signal_job(proc, run_id, signal.SIGKILL) if proc.poll() is None or _job_pids(proc, run_id) else []
         if not left and proc.poll() is not None:
             break
         time.sleep(0.05)
     proc.wait()
 
 
-def _exit_waiter(proc: subprocess.Popen):
-    """A function ``ended(timeout)``: True once the job's launcher has exited, returning as soon as it
-    does. Through a pidfd where Linux has them; ``Popen.wait(timeout)`` sleeps in steps of up to 50
-    ms, which the end of every job would pay."""
-    import select
-
-    try:
-        fd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):
-        fd = None
-
-    def ended(timeout: float) -> bool:
-        if fd is None:
-            try:
-                proc.wait(timeout=timeout)
-                return True
-            except subprocess.TimeoutExpired:
-                return False
-        try:
-            select.select([fd], [], [], timeout)
-        except InterruptedError:  # a forwarded signal: look again on the next round
-            pass
-        if proc.poll() is None:
-            return False
-        os.close(fd)  # the job is reaped: its pidfd is done with
-        return True
-
-    return ended
-
-
-def _settle(proc: subprocess.Popen, run_id: str, grace: float) -> None:
+def _settle(proc: Launched, run_id: str, grace: float) -> None:
     """The launcher exited: processes of the job it left behind get ``grace`` s, SIGTERM, then SIGKILL."""
     end = time.monotonic() + min(grace, 2.0)
-    while _job_pids(run_id):  # one scan of /proc when nothing is left (the usual end), not two
+    while _job_pids(proc, run_id):  # one scan of /proc when nothing is left (the usual end), not two
         if time.monotonic() >= end:
             _stop(proc, run_id, grace)
             return
@@ -596,18 +527,14 @@ def run_job(spec: RunSpec) -> int:
         rd.remove()
         raise UsageError("run-dir", f"cannot write {RAW_LOG} in {run_dir}: {exc.strerror or exc}",
                          "pass a writable directory with --dir") from None
-    watchdog = _Watchdog(run_id)  # first: from here on, our death takes the job with it
     started = time.monotonic()
-    try:
-        proc = subprocess.Popen(spec.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)
+    try:  # through the watchdog: from here on, our death takes the whole job with it
+        proc = launch(spec.command, env, run_id)
     except OSError as exc:
         tee.close()
-        watchdog.done()
         rd.remove()
         raise UsageError("cannot-start", f"cannot start {spec.command[0]!r}: {exc.strerror}",
                          "check the command after --") from None
-    watchdog.tell(f"pgid {proc.pid}")
     tee.start(proc.stdout, _binary(sys.stdout))
     tee.start(proc.stderr, _binary(sys.stderr))
     watch = _Watch(run_dir)
@@ -628,7 +555,7 @@ def run_job(spec: RunSpec) -> int:
         out_bytes = 0
         snapshot: list = []
         poll = max(POLL, min(1.0, spec.hang_timeout / 20))
-        ended = _exit_waiter(proc)
+        ended = proc.ended
         while proc.poll() is None:
             if forwarded and (verdict_kind is None or (verdict_kind == "hung" and spec.keep_hung)):
                 verdict_kind = "interrupted"
@@ -685,6 +612,9 @@ def run_job(spec: RunSpec) -> int:
                 break
         proc.wait()
         _settle(proc, run_id, spec.stop_grace)
+        if proc.lost:
+            _say(spec, ["ddpdoctor run: the watchdog that started the job ended before it (killed?): the "
+                        "job's exit code is unknown, reported as 1"])
     except BaseException:
         _leave_nothing(proc, run_id)
         raise
@@ -692,7 +622,7 @@ def run_job(spec: RunSpec) -> int:
         for s, h in old.items():
             signal.signal(s, h)
         tee.close()
-        watchdog.done()
+        proc.done()
         rd.seal()
     code = _exit_code(proc.returncode)
     if verdict_kind == "interrupted":
@@ -739,7 +669,7 @@ def _unsaved(tee: OutputCopy) -> list:
     return [line] if line else []
 
 
-def _interrupt(spec: RunSpec, proc: subprocess.Popen, run_id: str, watch: _Watch, run_dir: str, forwarded: list,
+def _interrupt(spec: RunSpec, proc: Launched, run_id: str, watch: _Watch, run_dir: str, forwarded: list,
                tee: OutputCopy, ended) -> dict:
     """The first Ctrl-C (or SIGTERM) to ``run``: read every live rank's stack (``stack_wait`` s at most),
     pass the signal on to the job, wait for it to end (``stop_grace`` s, then stop it: SIGTERM, SIGKILL).

@@ -3,7 +3,11 @@
 Ranks are found from a launcher's PID (below a torchrun agent: the processes with ``RANK`` in their
 environment; below an ``mp.spawn`` parent: its ``multiprocessing`` children, numbered by start order,
 never the resource tracker; below ``ddpdoctor run``: the processes its hook registered, by rank), from
-explicit PIDs, or by scanning this user's processes for launcher variables. A stack is read with
+explicit PIDs, or by scanning this user's processes for launcher variables (never another user's
+process, even as root, unless its PID was given). On a node running several jobs, the ranks are grouped
+by job (``ddpdoctor run``'s run id; torchrun's run id with the process group's store address; the
+launcher) and each job is judged alone: rank numbers repeat across jobs, and one job's healthy ranks
+are never the odd ones out of another's hang. A stack is read with
 ``py-spy dump`` when py-spy is installed and allowed to attach (ptrace), else through the handler
 ``ddpdoctor run`` injects (faulthandler on SIGUSR2, written to a per-pid file). A process that has
 neither is never signalled: an unhandled SIGUSR2 would kill it; nor is one whose handler is not
@@ -33,7 +37,7 @@ from ddpdoctor.result import format_ranks
 from ddpdoctor.system.stackframes import where_hung
 
 __all__ = ["RankProcess", "StackReading", "find_ranks", "read_stack", "read_stacks", "group_by_place",
-           "render_groups", "pyspy_to_faulthandler", "stacks_command"]
+           "render_groups", "by_job", "pyspy_to_faulthandler", "stacks_command"]
 
 _LAUNCHER_VARS = ("TORCHELASTIC_RUN_ID", "LOCAL_RANK", "DDPDOCTOR_RUN_DIR")
 _PYSPY_FRAME = re.compile(r"^\s+(?P<func>\S.*?) \((?P<file>[^()]+):(?P<line>\d+)\)\s*$")
@@ -50,6 +54,8 @@ class RankProcess:
     signal_name: str = "SIGUSR2"
     main_thread: Optional[int] = None
     index: Optional[int] = None  # the process index under mp.spawn / multiprocessing (start order)
+    job: tuple = ()  # which job it belongs to (see _job_of): ranks of two jobs are never judged together
+    job_label: str = ""
 
     @property
     def label(self) -> str:
@@ -132,15 +138,42 @@ def _classify(p: psutil.Process) -> tuple:
     if info is not None and info.get("role") in ("rank", "spawn"):
         rank = info.get("rank") if isinstance(info.get("rank"), int) else None
         index = info.get("index") if isinstance(info.get("index"), int) else None
-        return "rank", RankProcess(p.pid, rank, _int(env.get("LOCAL_RANK")), run_dir, index=index)
+        return "rank", _in_job(RankProcess(p.pid, rank, _int(env.get("LOCAL_RANK")), run_dir, index=index), p, env)
     if "RANK" in env:
         parent = _parent_rank(p)
         if parent is not None and parent == env.get("RANK"):
             return "skip", None  # a rank's own child (DataLoader worker) inherits RANK
-        return "rank", RankProcess(p.pid, _int(env.get("RANK")), _int(env.get("LOCAL_RANK")), run_dir)
+        return "rank", _in_job(RankProcess(p.pid, _int(env.get("RANK")), _int(env.get("LOCAL_RANK")), run_dir), p, env)
     if "--multiprocessing-fork" in cmdline:
-        return "mp", RankProcess(p.pid, None, None, run_dir)
+        return "mp", _in_job(RankProcess(p.pid, None, None, run_dir), p, env)
     return "other", None
+
+
+def _in_job(r: RankProcess, p: psutil.Process, env: dict) -> RankProcess:
+    """``r`` with the job it belongs to: ``ddpdoctor run``'s run id, else torchrun's run id with the
+    process group's store (``MASTER_ADDR:MASTER_PORT``: two jobs on one node never share it), else the
+    launcher (the parent: an ``mp.spawn`` parent, a torchrun agent, srun's step daemon)."""
+    try:
+        ppid = p.ppid()
+    except (psutil.Error, OSError):
+        ppid = 0
+    store = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}" if env.get("MASTER_ADDR") and env.get("MASTER_PORT") else ""
+    torchrun = env.get("TORCHELASTIC_RUN_ID", "")
+    if env.get("DDPDOCTOR_RUN_ID"):
+        r.job = ("run", env["DDPDOCTOR_RUN_ID"])
+    elif torchrun or store:
+        r.job = ("store", torchrun, store)
+    else:
+        r.job = ("launcher", ppid)
+    parts = [f"launcher pid {ppid}"] if ppid else []
+    if store:
+        parts.append(f"store {store}")
+    if torchrun and torchrun != "none":
+        parts.append(f"torchrun run id {torchrun}")
+    if r.run_dir:
+        parts.append(f"ddpdoctor run {r.run_dir}")
+    r.job_label = ", ".join(parts)
+    return r
 
 
 def _parent_rank(p: psutil.Process) -> Optional[str]:
@@ -151,7 +184,15 @@ def _parent_rank(p: psutil.Process) -> Optional[str]:
         return None
 
 
-def _ranks_below(p: psutil.Process) -> list:
+def _uid(p: psutil.Process) -> Optional[int]:
+    """The real user id of ``p`` (None when it cannot be read: treated as another user's)."""
+    try:
+        return p.uids().real
+    except (psutil.Error, OSError):
+        return None
+
+
+def _ranks_below(p: psutil.Process, owner: Optional[int] = None) -> list:
     """The ranks among ``p``'s descendants: the topmost processes that carry ``RANK``, that ``ddpdoctor
     run``'s hook registered as ranks, or that are ``multiprocessing`` children (``mp.spawn``), never
     the resource tracker. Unnamed multiprocessing children are numbered in start order (mp.spawn's
@@ -162,14 +203,17 @@ def _ranks_below(p: psutil.Process) -> list:
         children = sorted(p.children(), key=lambda c: (c.create_time(), c.pid))
     except psutil.Error:
         return out
+    owner = _uid(p) if owner is None else owner
     for c in children:
+        if _uid(c) != owner:
+            continue  # another user's process below the launcher (a setuid helper): never signalled
         kind, r = _classify(c)
         if kind == "rank":
             out.append(r)
         elif kind == "mp":
             unnamed.append(r)
         elif kind == "other":
-            out.extend(_ranks_below(c))
+            out.extend(_ranks_below(c, owner))
     for i, r in enumerate(unnamed):
         r.index = i
     return out + unnamed
@@ -179,9 +223,11 @@ def find_ranks(pids: Sequence[int] = ()) -> list:
     """The rank processes of a job on this node, ordered by rank.
 
     Args:
-        pids: a launcher's PID (torchrun's agent, an ``mp.spawn`` parent: its ranks are found below
-            it), or the ranks' own PIDs; empty: every process of this user that carries launcher
-            variables (RANK with TORCHELASTIC_RUN_ID or LOCAL_RANK) or that ``ddpdoctor run`` registered.
+        pids: a launcher's PID (torchrun's agent, an ``mp.spawn`` parent: its ranks, those of the
+            launcher's user, are found below it), or the ranks' own PIDs (of any user); empty: every
+            process of this user (by real user id, root included: never another user's) that carries
+            launcher variables (RANK with TORCHELASTIC_RUN_ID or LOCAL_RANK) or that ``ddpdoctor run``
+            registered. Each rank knows its job (``job``, ``job_label``).
 
     Raises:
         UsageError: a PID that does not exist.
@@ -207,10 +253,11 @@ def find_ranks(pids: Sequence[int] = ()) -> list:
             below = _ranks_below(p)
             found.extend(below if below else [RankProcess(pid, None)])
     else:
-        me = os.getpid()
+        me, uid = os.getpid(), os.getuid()
         for p in psutil.process_iter(["pid", "uids"]):
-            if p.pid == me:
-                continue
+            uids = p.info.get("uids")
+            if p.pid == me or uids is None or uids.real != uid:
+                continue  # another user's process is never signalled unless its PID was given (even as root)
             try:
                 env = p.environ()
             except (psutil.Error, OSError):
@@ -480,8 +527,17 @@ def render_groups(readings: Sequence[StackReading]) -> list:
     return lines
 
 
+def by_job(readings: Sequence[StackReading]) -> list:
+    """``[[readings of one job], ...]``, in the order each job's first rank comes."""
+    jobs: dict = {}
+    for r in readings:
+        jobs.setdefault(r.proc.job or ("pid", r.proc.pid), []).append(r)
+    return list(jobs.values())
+
+
 def stacks_command(pids: Sequence[int], wait: float) -> int:
-    """``ddpdoctor stacks``: print grouped stacks; exit 1 when no rank's stack could be read."""
+    """``ddpdoctor stacks``: print grouped stacks, each job judged alone; exit 1 when no rank's stack
+    could be read."""
     import click
 
     from ddpdoctor.errors import UsageError
@@ -492,12 +548,23 @@ def stacks_command(pids: Sequence[int], wait: float) -> int:
         raise UsageError("no-ranks", "no rank processes found on this node" + (f" under PID {pids[0]}" if pids else ""),
                          "pass the torchrun agent's PID or the ranks' PIDs")
     readings = read_stacks(procs, wait)
-    click.echo(f"ddpdoctor stacks: {len(procs)} rank process{'es' if len(procs) != 1 else ''}")
-    for line in render_groups(readings):
-        click.echo(safe_text(line))  # process names and frames come from outside: escaped, redacted
-    for r in readings:
-        if r.stack:
-            click.echo("\n" + safe_text(f"--- {r.proc.label} (pid {r.proc.pid}), read with {r.method}"))
-            for line in r.stack.rstrip().splitlines():
-                click.echo(safe_text(line))
+    jobs = by_job(readings)
+    many = len(jobs) > 1
+    n = len(procs)
+    click.echo(f"ddpdoctor stacks: {n} rank process{'es' if n != 1 else ''}"
+               + (f" in {len(jobs)} jobs (each judged alone)" if many else ""))
+    for i, job in enumerate(jobs, start=1):
+        if many:
+            head = job[0].proc.job_label
+            click.echo(safe_text(f"job {i} of {len(jobs)}: {len(job)} rank process{'es' if len(job) != 1 else ''}"
+                                 + (f" ({head})" if head else "")))
+        for line in render_groups(job):
+            click.echo(safe_text(("  " if many else "") + line))  # names and frames come from outside: escaped, redacted
+    for i, job in enumerate(jobs, start=1):
+        for r in job:
+            if r.stack:
+                click.echo("\n" + safe_text(f"--- {f'job {i}, ' if many else ''}{r.proc.label} (pid {r.proc.pid}), "
+                                             f"read with {r.method}"))
+                for line in r.stack.rstrip().splitlines():
+                    click.echo(safe_text(line))
     return 0 if any(r.stack for r in readings) else 1

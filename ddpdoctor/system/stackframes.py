@@ -5,18 +5,40 @@ from __future__ import annotations
 import os
 import re
 
-__all__ = ["where_hung", "shown_path", "shown_where"]
+__all__ = ["where_hung", "shown_path", "shown_where", "is_ours", "is_user", "user_place"]
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 
 
-_OURS = ("/threading.py", "/ddpdoctor/runner/worker.py", "/ddpdoctor/runner/channel.py",
-         "/ddpdoctor/runner/supervisor.py", "/ddpdoctor/runner/local.py", "/ddpdoctor/runner/joined.py",
-         "/ddpdoctor/cli.py", "/ddpdoctor/__main__.py",
-         "/.inject/sitecustomize.py", "/ddpdoctor/postmortem/inject/sitecustomize.py")  # run's timing wrappers
+_OURS = ("/threading.py", "/.inject/sitecustomize.py")  # a thread's bootstrap; run's hook (timing wrappers)
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this installation's ddpdoctor/
+_INSTALLED = ("/site-packages/ddpdoctor/", "/dist-packages/ddpdoctor/")  # a dump from another installation
 
 
 _LIBRARY = ("/torch/", "/site-packages/", "/dist-packages/", "/lib/python3")
+
+
+def is_ours(path: str) -> bool:
+    """Whether a frame's file is ddpdoctor's own (its package, or the hook ``run`` injects from a
+    ``.inject`` folder): such a frame never stands in for the user's line."""
+    p = path.replace("\\", "/")
+    return (p.endswith(_OURS) or "/.inject/" in p or p.startswith(_PACKAGE + "/")
+            or any(i in p for i in _INSTALLED))
+
+
+def is_user(path: str) -> bool:
+    """Whether a frame's file is the user's: neither a library (torch, site-packages, the standard
+    library) nor ddpdoctor's own."""
+    return not any(p in path for p in _LIBRARY) and not is_ours(path)
+
+
+def user_place(frames) -> str:
+    """``train (proj/train.py:22)``: the innermost of ``frames`` (``(file, line, func)``, innermost
+    first) that is the user's, as :func:`shown_path` shows it; "" when none is."""
+    for file, line, func in frames:
+        if isinstance(file, str) and is_user(file):
+            return f"{func} ({shown_path(file)}:{line})"
+    return ""
 
 
 def shown_path(path: str) -> str:
@@ -48,11 +70,11 @@ def where_hung(stack: str) -> str:
     """
     blocks = re.split(r"\n(?=Thread 0x|Current thread 0x)", stack.strip())
     main = next((b for b in blocks if b.startswith("Current thread")), blocks[0] if blocks else "")
-    frames = [m for m in _FRAME.finditer(main) if not m.group("file").endswith(_OURS)]  # innermost first
+    frames = [m for m in _FRAME.finditer(main) if not is_ours(m.group("file"))]  # innermost first
     if not frames:
         return "an unknown place (no Python stack)"
     inner = frames[0]
-    caller = next((m for m in frames if not any(p in m.group("file") for p in _LIBRARY)), None)
+    caller = next((m for m in frames if is_user(m.group("file"))), None)
     if caller is None or caller is inner:
         m = caller or inner
         return f"{m.group('func')} ({shown_path(m.group('file'))}:{m.group('line')})"

@@ -34,7 +34,7 @@ In each registered process it:
   itself, before or after its first forward. The heartbeat appends the ``start end`` pairs to
   ``coll-<pid>.txt``. ``DDPDOCTOR_STRAGGLER=0`` turns all of it off;
 * writes ``proc-<pid>.json`` (pid, role, rank, argv, ...) so the supervisor finds it, and
-  ``exit-<pid>.json`` when it ends through Python (an uncaught exception with its line, ``sys.exit``'s
+  ``exit-<pid>.json`` when it ends through Python (an uncaught exception with its frames, ``sys.exit``'s
   or ``os._exit``'s code, or a normal end): a rank with no exit record was ended by a signal.
 
 Then it imports the ``sitecustomize`` that was next on the path, if any. It imports nothing from
@@ -288,6 +288,8 @@ def _ddpdoctor_install(role):
 
     thread = threading.Thread(target=beat, name="ddpdoctor-heartbeat", daemon=True)
     thread.start()
+    # run's hang detector subtracts this thread's CPU time and I/O: ddpdoctor's work is not the job's
+    info["own_threads"] = [getattr(thread, "native_id", None)]
 
     def ended(how, **extra):
         if "exit" in _ddpdoctor_state or os.getpid() != pid:
@@ -304,13 +306,12 @@ def _ddpdoctor_install(role):
 
     def excepthook(kind, value, tb):
         try:
-            where = ""
-            for f in reversed(__import__("traceback").extract_tb(tb)):
-                if "/site-packages/" not in f.filename and "/lib/python" not in f.filename:
-                    where = f"{f.name} ({f.filename}:{f.lineno})"  # shown as the user gave it by run
-                    break
+            # The frames, innermost first (the last 64): run names the user's line from them with the
+            # rule every verdict uses (ddpdoctor.system.stackframes.user_place), which skips this file's
+            # own wrappers (the collective timing) and ddpdoctor's package as well as the libraries.
+            frames = [[f.filename, f.lineno, f.name] for f in __import__("traceback").extract_tb(tb)][::-1][:64]
             text = f"{kind.__name__}: {value}".splitlines()[0][:300]
-            ended("raised", exception=text, where=where)
+            ended("raised", exception=text, frames=frames)
         except Exception:  # noqa: BLE001
             pass
         previous_hook(kind, value, tb)

@@ -1,0 +1,83 @@
+"""The work a rank did, as ``ddpdoctor run``'s hang detector counts it: CPU time and bytes read or
+written by the rank and its children (DataLoader workers), *less ddpdoctor's own work inside it*.
+
+Nothing ddpdoctor does inside a rank may count as progress, or a look at a hung job would restart its
+hang clock. What the injected hook does there, and how each is taken out at its cause:
+
+* its heartbeat thread (looks at the main thread's frames, writes ``beat-``, ``coll-``, ``proc-``
+  files): that thread's own CPU time and I/O, read per thread from ``/proc/<pid>/task/<tid>/``
+  (its thread id is in ``proc-<pid>.json`` as ``own_threads``), are subtracted;
+* stack dumps (faulthandler, on whichever thread takes the signal, at a ``ddpdoctor stacks`` or
+  ``run`` request): the bytes it wrote are exactly what ``stacks-<pid>.txt`` holds, subtracted.
+  Its CPU time (well under a millisecond a dump) stays below what counts as busy (``CPU_MIN_S``).
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["usage"]
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _thread_cpu(pid: int, tid: int) -> float:
+    """CPU seconds (user + system) of one thread, 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rfind(b")") + 2:].split()  # fields 3.. of proc(5): utime, stime are 14 and 15
+    try:
+        return (int(fields[11]) + int(fields[12])) / _TICK
+    except (IndexError, ValueError):
+        return 0.0
+
+
+def _thread_io(pid: int, tid: int) -> int:
+    """Bytes read + written (``rchar`` + ``wchar``) by one thread, 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/io", "rb") as f:
+            text = f.read()
+    except OSError:
+        return 0
+    total = 0
+    for line in text.splitlines():
+        key, _, value = line.partition(b":")
+        if key in (b"rchar", b"wchar"):
+            total += int(value)
+    return total
+
+
+def usage(pid: int, own_threads=(), own_files=()) -> tuple:
+    """CPU seconds and bytes read+written by ``pid`` and its descendants, less ddpdoctor's own: the
+    threads ``own_threads`` (thread ids in ``pid``) and the bytes in ``own_files`` (written by ``pid``
+    for ddpdoctor: its stack dumps)."""
+    import psutil  # here, not at the top: the wrapper starts the job before its first sample
+
+    cpu, io = 0.0, 0
+    try:
+        me = psutil.Process(pid)
+        family = [me] + me.children(recursive=True)
+    except psutil.Error:
+        return cpu, io
+    for q in family:
+        try:
+            with q.oneshot():
+                t = q.cpu_times()
+                cpu += t.user + t.system
+                c = q.io_counters()
+                io += c.read_chars + c.write_chars
+        except (psutil.Error, AttributeError):
+            continue
+    for tid in own_threads:
+        if isinstance(tid, int) and tid > 0:
+            cpu -= _thread_cpu(pid, tid)
+            io -= _thread_io(pid, tid)
+    for path in own_files:
+        try:
+            io -= os.path.getsize(path)
+        except OSError:
+            pass
+    return cpu, io
