@@ -400,8 +400,11 @@ def env(as_json: bool) -> int:
                    "collectives diverge.")
 @click.option("--prefix", "fr_prefix", default=None,
               help="With --fr: the dump files' name before the rank (guessed when the names agree).")
+@click.option("--world-size", "fr_world", type=Number(int, 1, 1 << 20), default=None,
+              help="With --fr: the job's number of ranks, to name the ranks that left no dump (gloo's dumps "
+                   "do not record it).")
 def explain(text: tuple, log_path: Optional[str], as_json: bool, max_wait: float, here: bool,
-            fr_dir: Optional[str], fr_prefix: Optional[str]) -> int:
+            fr_dir: Optional[str], fr_prefix: Optional[str], fr_world: Optional[int]) -> int:
     """Name the known causes in an error message or job log (TEXT, --log FILE, or - for stdin), or where the
     ranks diverge in Flight Recorder dumps (--fr DIR)."""
     if fr_dir is not None:
@@ -410,10 +413,10 @@ def explain(text: tuple, log_path: Optional[str], as_json: bool, max_wait: float
                              "run 'ddpdoctor explain --fr DIR' on its own")
         from ddpdoctor.postmortem.divergence import explain_dumps_command
 
-        return explain_dumps_command(fr_dir, fr_prefix, as_json)
-    if fr_prefix is not None:
-        raise UsageError("explain-input", "--prefix names Flight Recorder dump files and needs --fr DIR",
-                         "add --fr DIR, or drop --prefix")
+        return explain_dumps_command(fr_dir, fr_prefix, as_json, fr_world)
+    if fr_prefix is not None or fr_world is not None:
+        raise UsageError("explain-input", "--prefix and --world-size describe Flight Recorder dumps and need "
+                         "--fr DIR", "add --fr DIR, or drop them")
     from ddpdoctor.postmortem.explain import explain_command
 
     return explain_command(text, log_path, as_json, max_wait, here=here)

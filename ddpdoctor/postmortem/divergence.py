@@ -42,10 +42,17 @@ def user_frame(entry: Entry) -> Optional[tuple]:
     return None
 
 
-def _from_backward(entry: Entry) -> bool:
-    return any(name == "_engine_run_backward" or (name == "backward" and ("autograd" in path
-                                                                          or path.endswith("_tensor.py")))
-               for path, _, name in entry.frames)
+def _ddp_part(entry: Entry) -> str:
+    """Which part of DDP issued ``entry`` ('' when it was not DDP): the label says why a user never wrote it."""
+    for path, _, name in entry.frames:
+        if name == "_engine_run_backward" or (name == "backward" and "autograd" in path):
+            return "DDP's gradient all-reduce, from backward()"
+        if re.search(r"nn[/\\]parallel[/\\]distributed\.py$", path):
+            if name in ("_pre_forward", "forward", "_post_forward"):
+                return "DDP's forward (bucket rebuild or buffer sync)"
+            if name == "__init__":
+                return "DDP's constructor (parameter check and sync)"
+    return ""
 
 
 def describe_entry(entry: Entry) -> str:
@@ -53,8 +60,9 @@ def describe_entry(entry: Entry) -> str:
     sizes = " ".join("[" + ",".join(map(str, s)) + "]" for s in entry.input_sizes)
     dtypes = ",".join(sorted(set(entry.input_dtypes)))
     text = " ".join(p for p in (entry.op, sizes, dtypes) if p)
-    if entry.op in ("all_reduce", "allreduce") and _from_backward(entry):
-        text += " (DDP's gradient all-reduce, from backward())"
+    part = _ddp_part(entry)
+    if part:
+        text += f" ({part})"
     frame = user_frame(entry)
     if frame:
         text += f" at {frame[0]}:{frame[1]} in {frame[2]}"
@@ -209,13 +217,14 @@ def _cause(v: GroupVerdict) -> tuple:
     if v.kind == "mismatch":
         ops = {e.op for _, e in v.variants}
         if len(ops) > 1:
-            backward = [e for _, e in v.variants if _from_backward(e)]
+            ddp = [e for _, e in v.variants if _ddp_part(e)]
             title, fix = _catalogue("collective-mismatch")
             cause = (f"{title}: at #{v.seq} the ranks issued different operations. A collective inside a "
                      "rank-dependent branch (if rank == 0:), a data-dependent branch, or one rank skipping a step")
-            if backward:
-                cause += ("; one side is DDP's gradient all-reduce, so the other side's call sits between "
-                          "forward and backward, or in a step that rank took alone")
+            if ddp and len(ddp) < len(v.variants):
+                cause += ("; one side is DDP's own collective: the other side called its collective where those "
+                          "ranks ran the model (a step one rank takes alone, such as a checkpoint or evaluation "
+                          "with a barrier, while the others keep training)")
             return cause + ".", fix
         dtypes = {tuple(sorted(set(e.input_dtypes))) for _, e in v.variants}
         if len(dtypes) > 1:
@@ -259,6 +268,9 @@ def render_divergences(dumps: DumpSet, verdicts: list) -> list:
                      f"{len(readable)} readable dump{'s' if len(readable) != 1 else ''}")]
     for r in dumps.missing:
         out.append(f"- rank {r} left no dump: dead, or stuck outside any collective")
+    if not dumps.world_known:
+        out.append("- the dumps do not record the job's world size (gloo): a rank above "
+                   f"{max(dumps.world)} that left no dump cannot be named; pass --world-size N")
     for r, d in sorted(dumps.dumps.items()):
         if d.problem:
             out.append(safe_text(f"- rank {r}'s dump is unreadable ({d.problem}): count it as no dump"))
@@ -286,7 +298,8 @@ def render_divergences(dumps: DumpSet, verdicts: list) -> list:
     return out
 
 
-def explain_dumps_command(directory: str, prefix: Optional[str], as_json: bool) -> int:
+def explain_dumps_command(directory: str, prefix: Optional[str], as_json: bool,
+                          world_size: Optional[int] = None) -> int:
     """``ddpdoctor explain --fr DIR``: print each process group's divergence; exit 0 (a finding is not an error).
 
     Raises:
@@ -298,12 +311,12 @@ def explain_dumps_command(directory: str, prefix: Optional[str], as_json: bool) 
 
     from ddpdoctor.postmortem.flight_recorder import read_dumps
 
-    dumps = read_dumps(directory, prefix)
+    dumps = read_dumps(directory, prefix, world_size)
     verdicts = find_divergences(dumps)
     if as_json:
         doc = {"schema": 1, "directory": safe_text(dumps.directory), "prefix": safe_text(dumps.prefix),
                "formats": sorted({safe_text(d.version) for d in dumps.dumps.values() if d.version}),
-               "world": dumps.world, "missing_ranks": dumps.missing,
+               "world": dumps.world, "world_known": dumps.world_known, "missing_ranks": dumps.missing,
                "unreadable": {str(r): safe_text(d.problem) for r, d in dumps.dumps.items() if d.problem},
                "groups": [v.to_dict() for v in verdicts]}
         click.echo(json.dumps(doc, indent=2))

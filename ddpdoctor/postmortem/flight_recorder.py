@@ -90,7 +90,8 @@ class DumpSet:
     directory: str
     prefix: str
     dumps: dict  # rank -> RankDump
-    world: list  # the ranks the job had, as far as the dumps say (pg_config of the default group)
+    world: list  # the ranks the job had: --world-size, else pg_config's default group, else the dumps'
+    world_known: bool = True  # False: only the ranks that dumped are known (gloo's pg_config often lists none)
 
     @property
     def missing(self) -> list:
@@ -247,8 +248,11 @@ def _prefix_of(names: list, directory: str) -> str:
     return next(iter(found))
 
 
-def read_dumps(directory: str, prefix: Optional[str] = None) -> DumpSet:
+def read_dumps(directory: str, prefix: Optional[str] = None, world_size: Optional[int] = None) -> DumpSet:
     """Every ``<prefix><rank>`` dump in ``directory`` (``prefix`` guessed when the names agree on one).
+
+    ``world_size``: the job's number of ranks, for dumps that do not record it (then a rank that left no
+    dump can only be named when it is given).
 
     Raises:
         UsageError: not a directory, no dump in it, a file of the prefix that is not a dump, or a format
@@ -281,13 +285,19 @@ def read_dumps(directory: str, prefix: Optional[str] = None) -> DumpSet:
         raise UsageError("fr-dump-unreadable", f"no readable dump in {safe_text(directory)}: "
                          f"{safe_text(os.path.basename(first.path))}: {first.problem}",
                          "give the directory of a job whose ranks finished writing their dumps")
-    return DumpSet(directory=directory, prefix=prefix, dumps=dumps, world=_world(dumps))
+    if world_size is not None and max(dumps) >= world_size:
+        raise UsageError("fr-world-size", f"--world-size {world_size}, but {safe_text(directory)} holds the dump "
+                         f"of rank {max(dumps)}", f"pass --world-size {max(dumps) + 1} or more, or leave it out")
+    recorded = _recorded_world(dumps)
+    ranks = set(dumps) | recorded | (set(range(world_size)) if world_size else set())
+    return DumpSet(directory=directory, prefix=prefix, dumps=dumps, world=sorted(ranks),
+                   world_known=bool(world_size) or bool(recorded))
 
 
-def _world(dumps: dict) -> list:
-    """The job's ranks: the default group's ranks in any dump's pg_config, and every rank that dumped."""
-    ranks = set(dumps)
+def _recorded_world(dumps: dict) -> set:
+    """The default group's ranks as any dump's pg_config lists them (gloo's often lists none)."""
+    ranks: set = set()
     for d in dumps.values():
         for name in ("", "0"):
             ranks.update(d.config.get(name, []))
-    return sorted(ranks)
+    return ranks
