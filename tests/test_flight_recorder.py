@@ -130,3 +130,140 @@ def test_torchrun_ddp_barrier_shape_and_truncated_ring(torchrun_job, cli_env):
     assert "one side is DDP's own collective" in proc.stdout
     assert "process group '1' (undefined), ranks 0-2: no divergence (last collective #30; #30 completed)" in lines
     assert "rank 2 called #1 all_reduce [2,2] Float" in proc.stdout and "silently" in proc.stdout
+
+
+# --- NCCL fixtures, written from the schema in torch's FlightRecorder.hpp (format 2.10) ---------------
+
+def _nccl_entry(record_id, pg_id, group, seq, op, state, dtype="Float", size=1024, retired=None,
+                filename="/work/train.py", line=40):
+    """One entry as FlightRecorder<EventType>::getCollectiveTrace writes it (keys from FlightRecorder.hpp)."""
+    return {"record_id": record_id, "pg_id": pg_id, "process_group": (group, "default_pg" if group == "0" else "tp"),
+            "thread_name": "pt_main_thread", "thread_id": "1", "collective_seq_id": seq, "p2p_seq_id": 0,
+            "op_id": seq, "profiling_name": f"nccl:{op}", "time_created_ns": 1_000 + record_id,
+            "input_sizes": [[size]], "input_dtypes": [dtype], "output_sizes": [[size]], "output_dtypes": [dtype],
+            "state": state, "time_discovered_started_ns": None if state == "scheduled" else 2_000,
+            "time_discovered_completed_ns": 3_000 if state == "completed" else None,
+            "retired": state == "completed" if retired is None else retired, "timeout_ms": 600_000,
+            "is_p2p": False, "duration_ms": 1.5 if state == "completed" else None,
+            "frames": [{"name": "all_reduce", "filename": "/venv/lib/python3.11/site-packages/torch/distributed/"
+                        "distributed_c10d.py", "line": 2800},
+                       {"name": "step", "filename": filename, "line": line}]}
+
+
+def write_nccl_fixture(path, ranks=(0, 1, 2, 3)):
+    """4 ranks: the default group completes #1-#5; ranks 0-2 enter #6 (started, rank 2's retired without
+    completing: timed out), rank 3 last completed #5. Group '1' (ranks 0, 1): #1 Float against BFloat16."""
+    path.mkdir(exist_ok=True)
+    for r in ranks:
+        entries = [_nccl_entry(i, 0, "0", i + 1, "all_reduce", "completed") for i in range(5)]
+        if r != 3:
+            entries.append(_nccl_entry(5, 0, "0", 6, "all_reduce", "started", retired=(r == 2), line=44))
+        if r in (0, 1):
+            entries.append(_nccl_entry(6, 1, "1", 1, "all_reduce", "started",
+                                       dtype="Float" if r == 0 else "BFloat16", line=52))
+        status = {"0": {"last_enqueued_collective": 6 if r != 3 else 5, "last_started_collective": 6 if r != 3 else 5,
+                        "last_completed_collective": 5}}
+        if r in (0, 1):
+            status["1"] = {"last_enqueued_collective": 1, "last_started_collective": 1, "last_completed_collective": 0}
+        doc = {"version": "2.10", "comm_lib_version": "2.21.5",
+               "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3]"},
+                             "1": {"name": "1", "desc": "tp", "ranks": "[0, 1]"}},
+               "pg_status": status, "entries": entries, "nccl_comm_state": {}}
+        (path / f"nccl_trace_rank_{r}").write_bytes(pickle.dumps(doc))
+    return path
+
+
+def test_nccl_fixture_states_read(tmp_path):
+    """started/completed states and a retired-but-not-completed entry: rank 3 never entered #6 of the
+    default group; group '1' diverges on dtype at #1."""
+    dumps = read_dumps(str(write_nccl_fixture(tmp_path / "nccl")))
+    assert dumps.prefix == "nccl_trace_rank_" and dumps.world == [0, 1, 2, 3] and dumps.world_known
+    groups = by_group(find_divergences(dumps))
+    default, tp = groups["0"], groups["1"]
+    assert (default.kind, default.seq, default.last_completed) == ("absent", 6, 5)
+    assert default.variants[0][0] == [0, 1, 2] and [(r, e.seq, e.state) for r, e in default.absent] == [
+        (3, 5, "completed")]
+    assert (tp.kind, tp.seq, tp.members) == ("mismatch", 1, [0, 1])
+    assert "different dtypes" in tp.cause and "BFloat16" in tp.cause
+
+
+def test_nccl_fixture_rank_without_dump_is_waited_on(tmp_path, cli_env):
+    """With rank 3's dump gone, ranks 0-2 all entered #6 and it never completed: they wait on rank 3."""
+    out = write_nccl_fixture(tmp_path / "nccl", ranks=(0, 1, 2))
+    default = by_group(find_divergences(read_dumps(str(out))))["0"]
+    assert (default.kind, default.seq, default.missing) == ("waiting", 6, [3])
+    proc = explain(["--fr", str(out)], cli_env)
+    assert proc.returncode == 0, proc.stderr
+    assert "- rank 3 left no dump: dead, or stuck outside any collective" in proc.stdout.splitlines()
+    assert "it waits for rank 3, which left no dump" in proc.stdout
+    assert "    ranks 0-2 entered #6 all_reduce [1024] Float at /work/train.py:44 in step" in proc.stdout.splitlines()
+
+
+# --- bad and hostile input: one line, exit 2, no code run --------------------------------------------
+
+class _Boom:
+    def __reduce__(self):
+        return (os.system, ("touch PWNED",))
+
+
+def test_hostile_pickle_is_refused_without_running_code(tmp_path, cli_env):
+    d = tmp_path / "dumps"
+    d.mkdir()
+    (d / "fr-0").write_bytes(pickle.dumps({"version": "2.10", "entries": [_Boom()]}))
+    proc = subprocess.run(CMD + ["--fr", str(d)], env=cli_env, cwd=tmp_path, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, timeout=60)
+    assert proc.returncode == 2 and not (tmp_path / "PWNED").exists()
+    assert proc.stderr.startswith("error[fr-dump-unreadable]:") and len(proc.stderr.strip().splitlines()) == 1
+    assert "system" in proc.stderr and proc.stdout == ""
+
+
+@pytest.mark.parametrize("case,reference", [
+    ("file", "fr-not-a-directory"), ("missing", "fr-not-a-directory"), ("empty", "fr-no-dumps"),
+    ("garbage", "fr-dump-unreadable"), ("all-cut", "fr-dump-unreadable"), ("old", "fr-format-too-old"),
+    ("prefix", "fr-no-dumps"), ("world", "fr-world-size")])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, cli_env, case, reference):
+    d = tmp_path / "dumps"
+    d.mkdir()
+    target, extra = str(d), []
+    if case == "file":
+        (d / "fr-0").write_bytes(b"x")
+        target = str(d / "fr-0")
+    elif case == "missing":
+        target = str(d / "nowhere")
+    elif case == "garbage":
+        (d / "fr-0").write_bytes(b"\x80\x04not a pickle at all")
+    elif case == "all-cut":
+        (d / "fr-0").write_bytes(pickle.dumps({"version": "2.10", "entries": []})[:20])
+    elif case == "old":
+        (d / "fr-0").write_bytes(pickle.dumps({"version": "1.5", "entries": []}))
+    elif case == "prefix":
+        (d / "fr-0").write_bytes(pickle.dumps({"version": "2.10"}))
+        extra = ["--prefix", "other-"]
+    elif case == "world":
+        (d / "fr-5").write_bytes(pickle.dumps({"version": "2.10"}))
+        extra = ["--world-size", "4"]
+    proc = explain(["--fr", target] + extra, cli_env)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert proc.stderr.startswith(f"error[{reference}]:") and len(proc.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_cut_short_dump_is_a_finding_and_frames_are_escaped(tmp_path, cli_env):
+    """A dump cut short by a kill is reported as no dump; control characters in a recorded path are escaped."""
+    d = write_nccl_fixture(tmp_path / "nccl")
+    full = (d / "nccl_trace_rank_3").read_bytes()
+    (d / "nccl_trace_rank_3").write_bytes(full[: len(full) // 2])
+    doc = pickle.loads((d / "nccl_trace_rank_0").read_bytes())
+    doc["entries"][-2]["frames"][1]["filename"] = "/work/\x1b[31mred.py"
+    (d / "nccl_trace_rank_0").write_bytes(pickle.dumps(doc))
+    proc = explain(["--fr", str(d)], cli_env)
+    assert proc.returncode == 0, proc.stderr
+    assert "- rank 3's dump is unreadable (the file ends inside the pickle: cut short" in proc.stdout
+    assert "\x1b" not in proc.stdout and "/work/\\e[31mred.py:44" in proc.stdout
+    assert "it waits for rank 3" in proc.stdout
+
+
+def test_explain_fr_refuses_text_and_prefix_alone(cli_env, tmp_path):
+    assert explain(["--fr", str(tmp_path), "some text"], cli_env).returncode == 2
+    proc = explain(["--prefix", "fr-", "text"], cli_env)
+    assert proc.returncode == 2 and "need --fr DIR" in proc.stderr

@@ -141,7 +141,12 @@ def read_dump(path: str) -> dict:
             doc = _PlainUnpickler(io.BytesIO(data)).load()
         except EOFError:
             raise _CutShort("the file ends inside the pickle") from None
-        except (pickle.UnpicklingError, ValueError, TypeError, IndexError, KeyError, AttributeError,
+        except pickle.UnpicklingError as exc:
+            if "truncated" in str(exc):
+                raise _CutShort("the file ends inside the pickle") from None
+            raise UsageError("fr-dump-unreadable", f"{safe_text(path)} is not a Flight Recorder dump "
+                             f"({safe_text(exc)})", "pass --prefix to name only the dump files") from None
+        except (ValueError, TypeError, IndexError, KeyError, AttributeError,
                 MemoryError, RecursionError, OverflowError, UnicodeDecodeError) as exc:
             raise UsageError("fr-dump-unreadable", f"{safe_text(path)} is not a Flight Recorder dump "
                              f"({safe_text(exc)})", "pass --prefix to name only the dump files") from None
