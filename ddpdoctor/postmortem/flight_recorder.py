@@ -35,7 +35,9 @@ from ddpdoctor.system.redact import safe_text
 __all__ = ["Entry", "RankDump", "DumpSet", "read_dumps", "read_dump", "OLDEST_FORMAT", "MAX_DUMP_BYTES"]
 
 OLDEST_FORMAT = (2, 3)
-"""The oldest dump format read: the first with ``pg_config``, ``pg_status`` and ``collective_seq_id``."""
+"""The oldest dump format read: format 2.3 (torch's TraceUtils.h) already writes every key read here
+(``pg_config``, ``pg_status``, ``process_group``, ``collective_seq_id``, ``profiling_name``, sizes, dtypes,
+``state``, ``frames``); older formats were not checked, so they are refused in one line."""
 MAX_DUMP_BYTES = 512 << 20
 """A larger file is not a Flight Recorder dump (2000 entries with stacks take a few MB)."""
 
@@ -218,8 +220,7 @@ def _rank_dump(rank: int, path: str, doc: dict) -> RankDump:
     version = str(doc.get("version", ""))
     if _version(version) < OLDEST_FORMAT:
         raise UsageError("fr-format-too-old", f"{safe_text(path)} is Flight Recorder format {safe_text(version)}; "
-                         f"ddpdoctor reads format {OLDEST_FORMAT[0]}.{OLDEST_FORMAT[1]} and newer (torch 2.4 and "
-                         "newer)", "read it with torch's own 'python -m torch.distributed.flight_recorder.fr_trace', "
+                         f"ddpdoctor reads format {OLDEST_FORMAT[0]}.{OLDEST_FORMAT[1]} and newer", "read it with torch's own 'python -m torch.distributed.flight_recorder.fr_trace', "
                          "or rerun the job with a newer torch")
     entries = [e for e in map(_entry, doc.get("entries") or []) if e is not None]
     status = {}
