@@ -132,6 +132,40 @@ main(sys.argv[1])
 '''
 
 
+# mp.spawn, 3 ranks. Default group: one all_reduce; then all_gather at #2: rank 1 passes a [5] tensor and
+# rank 2 a float64 one where rank 0 passes [4] float32. gloo checks both locally and raises before the
+# collective is recorded; each raising rank writes its dump in its exception handler (as a hook would),
+# waits for the others' dumps, and re-raises. Rank 0 waits in all_gather.
+SPAWN_RAISE = COMMON + r'''
+import torch.multiprocessing as mp
+
+
+def work(rank, world, out, store):
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    t = torch.ones(4)
+    dist.all_reduce(t)  # MARK:raise_common
+    gathered = [torch.zeros(4) for _ in range(world)]
+    if rank == 0:
+        dump_thread(out, rank, range(3))
+        last_call()
+        dist.all_gather(gathered, t)  # MARK:gather
+        return
+    try:
+        mine = torch.ones(5) if rank == 1 else torch.ones(4, dtype=torch.float64)
+        dist.all_gather(gathered, mine)  # MARK:bad_gather
+    except Exception:
+        write(out, "fr-", rank, _dump_fr_trace())
+        write(out, "fr-json-", rank, _dump_fr_trace_json())
+        wait_for_files([os.path.join(out, f"fr-json-{r}") for r in range(3)])
+        raise
+
+
+if __name__ == "__main__":
+    out = sys.argv[1]
+    mp.spawn(work, args=(3, out, os.path.join(out, "store")), nprocs=3)
+'''
+
+
 def mark_line(text: str, mark: str) -> int:
     """The 1-based line of ``# MARK:<mark>`` in a script's text."""
     for i, line in enumerate(text.splitlines(), 1):
@@ -144,6 +178,18 @@ def run_spawn(tmp_path, env: dict, timeout: float = 150):
     """Run SPAWN_GROUPS; returns (script path, dump directory, CompletedProcess)."""
     script, out = tmp_path / "spawn_groups.py", tmp_path / "dumps-spawn"
     script.write_text(SPAWN_GROUPS)
+    out.mkdir()
+    e = {**env, "TORCH_FR_BUFFER_SIZE": "2000"}
+    proc = subprocess.run([sys.executable, str(script), str(out)], env=e, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    os.remove(out / "store") if (out / "store").exists() else None
+    return script, out, proc
+
+
+def run_spawn_raise(tmp_path, env: dict, timeout: float = 150):
+    """Run SPAWN_RAISE; returns (script path, dump directory, CompletedProcess)."""
+    script, out = tmp_path / "spawn_raise.py", tmp_path / "dumps-raise"
+    script.write_text(SPAWN_RAISE)
     out.mkdir()
     e = {**env, "TORCH_FR_BUFFER_SIZE": "2000"}
     proc = subprocess.run([sys.executable, str(script), str(out)], env=e, stdout=subprocess.PIPE,

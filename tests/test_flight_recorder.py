@@ -20,7 +20,7 @@ import pytest
 
 from ddpdoctor.postmortem.divergence import find_divergences
 from ddpdoctor.postmortem.flight_recorder import read_dumps
-from fr_jobs import SPAWN_GROUPS, TORCHRUN_DDP, mark_line, run_spawn, run_torchrun
+from fr_jobs import SPAWN_GROUPS, SPAWN_RAISE, TORCHRUN_DDP, mark_line, run_spawn, run_spawn_raise, run_torchrun
 
 CMD = [sys.executable, "-m", "ddpdoctor", "explain"]
 
@@ -130,6 +130,27 @@ def test_torchrun_ddp_barrier_shape_and_truncated_ring(torchrun_job, cli_env):
     assert "one side is DDP's own collective" in proc.stdout
     assert "process group '1' (undefined), ranks 0-2: no divergence (last collective #30; #30 completed)" in lines
     assert "rank 2 called #1 all_reduce [2,2] Float" in proc.stdout and "silently" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ranks_that_raise_before_the_collective_are_named(tmp_path, cli_env):
+    """gloo raises locally on a size ([5] against [4]) or dtype (float64) mismatch in all_gather before the
+    recorder sees the call; the dumps written at the raise show ranks 1-2 never entered #2."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "LOCAL_"))}
+    script, out, proc = run_spawn_raise(tmp_path, env)
+    assert "invalid tensor size" in proc.stdout or "different dtypes" in proc.stdout, proc.stdout[-2000:]
+    assert sorted(os.listdir(out)) == ["fr-0", "fr-1", "fr-2", "fr-json-0", "fr-json-1", "fr-json-2"], proc.stdout
+    default = by_group(find_divergences(read_dumps(str(out), "fr-")))["0"]
+    assert (default.kind, default.seq) == ("absent", 2)
+    assert default.variants[0][0] == [0] and default.variants[0][1].op == "all_gather"
+    assert [(r, e.seq, e.op) for r, e in default.absent] == [(1, 1, "all_reduce"), (2, 1, "all_reduce")]
+    proc = explain(["--fr", str(out), "--prefix", "fr-"], cli_env)
+    lines = proc.stdout.splitlines()
+    assert f"    rank 0 entered #2 all_gather [4] Float at {script}:{mark_line(SPAWN_RAISE, 'gather')} in work" in lines
+    assert (f"    rank 2 never entered #2; last entered #1 all_reduce [4] Float at {script}:"
+            f"{mark_line(SPAWN_RAISE, 'raise_common')} in work" in lines)
+    assert "raised before entering it" in proc.stdout
 
 
 # --- NCCL fixtures, written from the schema in torch's FlightRecorder.hpp (format 2.10) ---------------

@@ -245,9 +245,10 @@ def _cause(v: GroupVerdict) -> tuple:
         lead = ("a collective inside `if rank == 0:` (rank 0 alone issued it)" if entered == [0] and len(v.members) > 2
                 else "a collective inside a rank-dependent or data-dependent branch")
         return (safe_text(f"rank{'s' if len(entered) != 1 else ''} {format_ranks(entered)} entered #{v.seq}{where}; "
-                          f"rank{'s' if len(absent) != 1 else ''} {format_ranks(absent)} never did: {lead}, or an "
+                          f"rank{'s' if len(absent) != 1 else ''} {format_ranks(absent)} never did: {lead}; or an "
                           "early exit on the ranks that never entered it (a loop that ended first: uneven inputs, a "
-                          "break or return, an exception caught and ignored)."),
+                          "break or return); or they raised before entering it (gloo checks sizes and dtypes "
+                          "locally before the call is recorded: read their tracebacks)."),
                 "make every rank issue the same collectives in the same order: take the collective out of the "
                 "branch or make the condition agree across ranks (compute it once and broadcast it); for uneven "
                 "inputs use DistributedSampler(drop_last=True) or DDP's join() context manager")
