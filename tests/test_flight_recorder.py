@@ -204,6 +204,7 @@ def test_nccl_fixture_states_read(tmp_path):
     assert (default.kind, default.seq, default.last_completed) == ("absent", 6, 5)
     assert default.variants[0][0] == [0, 1, 2] and [(r, e.seq, e.state) for r, e in default.absent] == [
         (3, 5, "completed")]
+    assert default.timed_out == [2]  # retired without completing; gloo's retired entries never count
     assert (tp.kind, tp.seq, tp.members) == ("mismatch", 1, [0, 1])
     assert "different dtypes" in tp.cause and "BFloat16" in tp.cause
 
@@ -218,6 +219,7 @@ def test_nccl_fixture_rank_without_dump_is_waited_on(tmp_path, cli_env):
     assert "- rank 3 left no dump: dead, or stuck outside any collective" in proc.stdout.splitlines()
     assert "it waits for rank 3, which left no dump" in proc.stdout
     assert "    ranks 0-2 entered #6 all_reduce [1024] Float at /work/train.py:44 in step" in proc.stdout.splitlines()
+    assert "    rank 2: #6 retired without completing (the watchdog timed it out)" in proc.stdout.splitlines()
 
 
 # --- bad and hostile input: one line, exit 2, no code run --------------------------------------------

@@ -92,6 +92,7 @@ class GroupVerdict:
     variants: list = field(default_factory=list)  # [(ranks, Entry)] of the ranks that entered ``seq``
     absent: list = field(default_factory=list)  # [(rank, last Entry or None)] of the ranks that never did
     missing: list = field(default_factory=list)  # members with no dump
+    timed_out: list = field(default_factory=list)  # ranks whose ``seq`` was retired without completing (not gloo)
     last_seq: int = -1  # the last collective any rank of the group entered
     last_completed: int = -1  # the last collective any rank saw complete
     cause: str = ""
@@ -112,7 +113,7 @@ class GroupVerdict:
                 "divergent_seq": self.seq, "kind": self.kind,
                 "entered": [{"ranks": r, "call": entry(e)} for r, e in self.variants],
                 "never_entered": [{"rank": r, "last": entry(e)} for r, e in self.absent],
-                "missing_ranks": self.missing, "last_seq": self.last_seq, "last_completed": self.last_completed,
+                "missing_ranks": self.missing, "timed_out_ranks": self.timed_out, "last_seq": self.last_seq, "last_completed": self.last_completed,
                 "cause": self.cause, "fix": self.fix, "notes": [safe_text(n) for n in self.notes]}
 
 
@@ -197,6 +198,10 @@ def _group_verdict(dumps: DumpSet, name: str, desc: str, members: list) -> Group
             waiting = sorted(r for r, by_seq in calls.items() if v.last_seq in by_seq)
             if waiting:
                 v.variants = [(waiting, calls[waiting[0]][v.last_seq][0])]
+    if v.seq is not None:
+        # retired but not completed: the watchdog gave up on it (gloo retires every entry; its state says nothing)
+        v.timed_out = sorted(r for r, by_seq in calls.items() for e in by_seq.get(v.seq, [])[:1]
+                             if e.retired and e.state != "completed" and e.backend != "gloo")
     v.cause, v.fix = _cause(v)
     return v
 
@@ -291,6 +296,9 @@ def render_divergences(dumps: DumpSet, verdicts: list) -> list:
             for r, e in v.absent:
                 last = f"last entered #{e.seq} {describe_entry(e)}" if e else "entered nothing in this group"
                 out.append(f"    rank {r} never entered #{v.seq}; {last}")
+            if v.timed_out:
+                out.append(f"    rank{'s' if len(v.timed_out) != 1 else ''} {format_ranks(v.timed_out)}: #{v.seq} "
+                           "retired without completing (the watchdog timed it out)")
             if v.missing:
                 out.append(f"    rank{'s' if len(v.missing) != 1 else ''} {format_ranks(v.missing)}: no dump")
             out.append(f"  cause: {v.cause}")
