@@ -290,3 +290,23 @@ def test_explain_fr_refuses_text_and_prefix_alone(cli_env, tmp_path):
     assert explain(["--fr", str(tmp_path), "some text"], cli_env).returncode == 2
     proc = explain(["--prefix", "fr-", "text"], cli_env)
     assert proc.returncode == 2 and "need --fr DIR" in proc.stderr
+
+
+def test_format_2_3_is_read_and_older_refused(tmp_path, cli_env):
+    """Format 2.3 (NCCL-only; its TraceUtils.h writes no thread_name/thread_id keys) reads like 2.10; 2.2 is
+    refused in one line naming the oldest format read."""
+    out = write_nccl_fixture(tmp_path / "v23")
+    for path in out.iterdir():
+        doc = pickle.loads(path.read_bytes())
+        doc["version"] = "2.3"
+        for e in doc["entries"]:
+            del e["thread_name"], e["thread_id"]
+        path.write_bytes(pickle.dumps(doc))
+    default = by_group(find_divergences(read_dumps(str(out))))["0"]
+    assert (default.kind, default.seq, [r for r, _ in default.absent]) == ("absent", 6, [3])
+    doc = pickle.loads((out / "nccl_trace_rank_0").read_bytes())
+    doc["version"] = "2.2"
+    (out / "nccl_trace_rank_0").write_bytes(pickle.dumps(doc))
+    proc = explain(["--fr", str(out)], cli_env)
+    assert proc.returncode == 2 and proc.stderr.startswith("error[fr-format-too-old]:")
+    assert "format 2.2; ddpdoctor reads format 2.3 and newer" in proc.stderr
