@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional, Sequence
 import click
 
 from ddpdoctor import __version__
-from ddpdoctor.errors import DdpdoctorError
+from ddpdoctor.errors import DdpdoctorError, UsageError
 from ddpdoctor.exitcodes import EXIT_CODE_HELP, ExitCode
 from ddpdoctor.runner.options import (Interrupted, install_interrupt_handlers, note_pending, raise_pending,
                                       terminate_as_interrupt)
@@ -395,8 +395,28 @@ def env(as_json: bool) -> int:
               help="For a pipe, FIFO or device: stop reading after this many seconds.")
 @click.option("--here", is_flag=True,
               help="Also check the causes against this machine (interfaces, GPUs, /dev/shm, torch/NCCL/CUDA).")
-def explain(text: tuple, log_path: Optional[str], as_json: bool, max_wait: float, here: bool) -> int:
-    """Name the known causes in an error message or job log (TEXT, --log FILE, or - for stdin)."""
+@click.option("--fr", "fr_dir", type=click.Path(), default=None,
+              help="Read a directory of PyTorch Flight Recorder dumps (one file per rank): where the ranks' "
+                   "collectives diverge.")
+@click.option("--prefix", "fr_prefix", default=None,
+              help="With --fr: the dump files' name before the rank (guessed when the names agree).")
+@click.option("--world-size", "fr_world", type=Number(int, 1, 1 << 20), default=None,
+              help="With --fr: the job's number of ranks, to name the ranks that left no dump (gloo's dumps "
+                   "do not record it).")
+def explain(text: tuple, log_path: Optional[str], as_json: bool, max_wait: float, here: bool,
+            fr_dir: Optional[str], fr_prefix: Optional[str], fr_world: Optional[int]) -> int:
+    """Name the known causes in an error message or job log (TEXT, --log FILE, or - for stdin), or where the
+    ranks diverge in Flight Recorder dumps (--fr DIR)."""
+    if fr_dir is not None:
+        if text or log_path or here:
+            raise UsageError("explain-input", "--fr reads dumps: give it without TEXT, --log or --here",
+                             "run 'ddpdoctor explain --fr DIR' on its own")
+        from ddpdoctor.postmortem.divergence import explain_dumps_command
+
+        return explain_dumps_command(fr_dir, fr_prefix, as_json, fr_world)
+    if fr_prefix is not None or fr_world is not None:
+        raise UsageError("explain-input", "--prefix and --world-size describe Flight Recorder dumps and need "
+                         "--fr DIR", "add --fr DIR, or drop them")
     from ddpdoctor.postmortem.explain import explain_command
 
     return explain_command(text, log_path, as_json, max_wait, here=here)

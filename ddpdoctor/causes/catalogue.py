@@ -354,7 +354,8 @@ CAUSES: tuple = (
           "an exception swallowed, or dead) and the others wait for it; the rank named in the message "
           "is a waiting rank, not necessarily the culprit.",
           "ddpdoctor stacks (while it hangs), or rerun under ddpdoctor run; read the Flight Recorder "
-          "dump (TORCH_NCCL_DUMP_ON_TIMEOUT=1, python -m torch.distributed.flight_recorder.fr_trace)",
+          "dumps (TORCH_NCCL_DUMP_ON_TIMEOUT=1): ddpdoctor explain --fr DIR names the first collective "
+          "where the ranks diverge and the ranks on each side",
           "find the rank whose stack differs and fix what it does; rerun with ddpdoctor run to get the "
           "grouped stacks and the Flight Recorder dump automatically"),
     Cause("nccl-system-error", "NCCL system error (most often /dev/shm)",
