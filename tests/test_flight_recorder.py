@@ -310,3 +310,25 @@ def test_format_2_3_is_read_and_older_refused(tmp_path, cli_env):
     proc = explain(["--fr", str(out)], cli_env)
     assert proc.returncode == 2 and proc.stderr.startswith("error[fr-format-too-old]:")
     assert "format 2.2; ddpdoctor reads format 2.3 and newer" in proc.stderr
+
+
+# --- real dumps from another torch, on a GPU machine ----------------------------------------------
+
+REAL = os.path.join(os.path.dirname(__file__), "data", "flight_recorder")
+
+
+def test_real_dumps_of_torch_2_11_nccl_and_gloo_are_read():
+    """Dumps written by torch 2.11 (CUDA 13, NCCL 2.28.9) on an H100 (.scratch/fr_dump.py in the session
+    that added them): a 1-rank NCCL world with a sub-group and four 1 GiB all_reduces issued async just
+    before the dump, and a 2-rank gloo world whose rank 0 alone used a sub-group of [0]. Both healthy."""
+    nccl = read_dumps(os.path.join(REAL, "torch2.11-nccl"))
+    assert nccl.prefix == "nccl_trace_rank_" and sorted(nccl.dumps) == [0]
+    dump = nccl.dumps[0]
+    assert dump.version == "2.10"
+    default = by_group(find_divergences(nccl))
+    assert set(default) == {"0", "1"}
+    assert all(v.kind == "none" for v in default.values()), default
+    gloo = read_dumps(os.path.join(REAL, "torch2.11-gloo"))
+    assert sorted(gloo.dumps) == [0, 1] and {d.version for d in gloo.dumps.values()} == {"2.10"}
+    verdicts = by_group(find_divergences(gloo))
+    assert verdicts["0"].kind == "none" and verdicts["1"].kind == "none", verdicts

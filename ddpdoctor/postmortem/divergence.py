@@ -270,7 +270,7 @@ def render_divergences(dumps: DumpSet, verdicts: list) -> list:
     versions = sorted({d.version for d in dumps.dumps.values() if d.version})
     readable = [r for r, d in dumps.dumps.items() if not d.problem]
     out = [safe_text(f"Flight Recorder dumps in {dumps.directory} (prefix '{dumps.prefix}', format "
-                     f"{', '.join(versions) or '?'}): ranks {format_ranks(dumps.world)}, "
+                     f"{', '.join(versions) or '?'}): rank{'s' if len(dumps.world) != 1 else ''} {format_ranks(dumps.world)}, "
                      f"{len(readable)} readable dump{'s' if len(readable) != 1 else ''}")]
     for r in dumps.missing:
         out.append(f"- rank {r} left no dump: dead, or stuck outside any collective")
@@ -283,7 +283,7 @@ def render_divergences(dumps: DumpSet, verdicts: list) -> list:
     if not any(d.entries for d in dumps.dumps.values()):
         out.append("no collective recorded in any dump (was TORCH_FR_BUFFER_SIZE set, and did the job issue any?)")
     for v in verdicts:
-        head = f"process group '{v.group}'" + (f" ({v.desc})" if v.desc else "") + f", ranks {format_ranks(v.members)}"
+        head = f"process group '{v.group}'" + (f" ({v.desc})" if v.desc else "") + f", rank{'s' if len(v.members) != 1 else ''} {format_ranks(v.members)}"
         if v.kind == "none":
             done = f"#{v.last_completed} completed" if v.last_completed >= 0 else "none seen completing"
             out.append(safe_text(f"{head}: no divergence (last collective #{v.last_seq}; {done})"))
