@@ -261,6 +261,7 @@ def _interrupted_at_start(exc: BaseException, checks: Sequence[Any], nproc: Opti
 
 def _finish_check(outcome: Any, progress: Any, verbose: bool, strict: bool, json_path: Optional[str]) -> int:
     """Print the rest of the report and the footer, write --json; the exit code."""
+    from ddpdoctor.report.document import save_json
     from ddpdoctor.report.terminal import Style, footer, header, render_result
 
     if outcome.reported_elsewhere():
@@ -280,12 +281,7 @@ def _finish_check(outcome: Any, progress: Any, verbose: bool, strict: bool, json
     out.write(footer(report, strict) + "\n")
     out.flush()
     if json_path:
-        try:
-            report.write_json(json_path, strict)
-        except OSError as exc:
-            click.echo(f"error[json-write]: cannot write {json_path}: {exc.strerror}; choose a writable path",
-                       err=True)
-            return ExitCode.USAGE if outcome.exit_code == 0 else outcome.exit_code
+        return save_json(json_path, report.to_dict(strict), outcome.exit_code)
     return outcome.exit_code
 
 

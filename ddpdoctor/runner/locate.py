@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
+from ddpdoctor.report.document import save_json
 from ddpdoctor.report.terminal import Style, footer, header, render_result
 from ddpdoctor.runner.local import run_checks
 from ddpdoctor.runner.options import RunOptions
@@ -41,5 +42,5 @@ def run_locate(*, nproc: Optional[int], backend: Optional[str], master_addr: str
     sys.stdout.write("\n".join(lines) + "\n")
     sys.stdout.flush()
     if json_path:
-        report.write_json(json_path)
+        return save_json(json_path, report.to_dict(), outcome.exit_code)
     return outcome.exit_code
