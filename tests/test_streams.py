@@ -145,7 +145,7 @@ def test_undecodable_argument_variable_and_log_are_shown_escaped(cli_env, tmp_pa
     log = tmp_path / "job.log"
     log.write_bytes(b"[rank1]: RuntimeError: EADDRINUSE " + BAD + " \u2192 \x1b[2J".encode() + b"\n")
     p = subprocess.run([DDPDOCTOR, "explain", "--log", str(log)], env=env, capture_output=True, timeout=120)
-    assert p.returncode == 0 and b"port-in-use" in p.stdout, p.stderr
+    assert p.returncode == 0 and b"port-in-use" in p.stdout and b"EADDRINUSE \\xff\\xfe" in p.stdout, p.stderr
     assert not RAW_CONTROLS.search(p.stdout.decode("utf-8", "strict"))
     _no_traceback(p.stderr)
 
