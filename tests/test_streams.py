@@ -287,6 +287,10 @@ def test_a_plugin_that_does_not_load_is_a_crash_result(cli_env, tmp_path):
     p = subprocess.run([DDPDOCTOR, "check", "--only", "site-db"], env=env, capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 2 and "plugin:exits_plugin" in p.stderr and len(p.stderr.splitlines()) == 1
+    # bench runs no site check: a plugin that did not load is no row of its table and no result
+    p = subprocess.run([DDPDOCTOR, "bench", "--nproc", "2", "--ops", "all_reduce", "--max-bytes", "1K", "--iters",
+                        "1", "--warmup", "0"], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "plugin:" not in p.stdout and "[ok]    collectives-bench" in p.stdout, p.stdout
 
 
 # -- --json on a full disk --------------------------------------------------------------------------

@@ -78,7 +78,8 @@ def run_bench(*, nproc: Optional[int], backend: Optional[str], master_addr: str,
         raise UsageError("unknown-collective", str(exc), "see 'ddpdoctor bench --help'") from None
     settings = {"min_bytes": lo, "max_bytes": hi, "ops": chosen, "dtype": dtype, "iters": iters, "warmup": warmup}
     opts = RunOptions(nproc=nproc, backend=backend, master_addr=master_addr, master_port=master_port,
-                      only=["collectives-bench"], timeout=timeout, mode=mode, options={"bench": settings})
+                      only=["collectives-bench"], timeout=timeout, mode=mode, options={"bench": settings},
+                      broken_plugins=False)
     outcome = run_checks(opts)
     if outcome.reported_elsewhere():
         return outcome.exit_code

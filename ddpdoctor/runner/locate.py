@@ -28,7 +28,8 @@ def run_locate(*, nproc: Optional[int], backend: Optional[str], master_addr: str
     if round_timeout is not None:
         settings["round_timeout"] = round_timeout
     opts = RunOptions(nproc=nproc, backend=backend, master_addr=master_addr, master_port=master_port,
-                      only=["process-group", "locate"], timeout=timeout, mode=mode, options={"locate": settings})
+                      only=["process-group", "locate"], timeout=timeout, mode=mode, options={"locate": settings},
+                      broken_plugins=False)
     outcome = run_checks(opts)
     if outcome.reported_elsewhere():
         return outcome.exit_code

@@ -118,9 +118,11 @@ def _names(raw: Optional[Iterable[str]]) -> list[str]:
     return out
 
 
-def select_checks(only: Optional[Sequence[str]] = None, skip: Optional[Sequence[str]] = None) -> list[Check]:
+def select_checks(only: Optional[Sequence[str]] = None, skip: Optional[Sequence[str]] = None,
+                  broken_plugins: bool = True) -> list[Check]:
     """Instances of the selected checks, in run order. A plugin that did not load (``plugin:MODULE``) is
-    selected whatever ``--only`` says, unless ``--skip`` names it: its CRASH is the run's result.
+    selected whatever ``--only`` says, unless ``--skip`` names it: its CRASH is the run's result
+    (``broken_plugins=False``: only what ``only`` names, for ``bench`` and ``locate``, which run no site check).
 
     Raises:
         UsageError: a name that is not a check, naming it (escaped), the closest name and ``ddpdoctor list``;
@@ -132,7 +134,7 @@ def select_checks(only: Optional[Sequence[str]] = None, skip: Optional[Sequence[
     if only and not wanted:
         raise UsageError("no-checks", f"--only '{safe_text(','.join(only))}' names no check",
                          "name the checks to run (ddpdoctor list), or leave --only out to run them all")
-    broken = unloaded_plugins(every)
+    broken = unloaded_plugins(every) if broken_plugins else []
     for name in wanted + unwanted:
         if name not in known:
             close = difflib.get_close_matches(name, list(known), n=1)
