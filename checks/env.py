@@ -108,10 +108,13 @@ def collect_environment(environ: Optional[Mapping[str, str]] = None, local_world
 
 
 def _resolve_hostname() -> list[str]:
-    """The addresses this host's name resolves to (what gloo advertises when no interface is named)."""
+    """The addresses this host's name resolves to (what gloo advertises when no interface is named).
+
+    The name is resolved as the bytes it is: a host name that is not valid UTF-8 (or not IDNA) is passed
+    to the resolver as gloo would pass it, not re-encoded by Python (which raises UnicodeError)."""
     try:
-        infos = socket.getaddrinfo(socket.gethostname(), None, type=socket.SOCK_STREAM)
-    except OSError:
+        infos = socket.getaddrinfo(os.fsencode(socket.gethostname()), None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
         return []
     return sorted({str(i[4][0]) for i in infos})
 

@@ -3,6 +3,10 @@
 Signals are caught from the first line, before click, torch or anything slow is imported: a Ctrl-C or
 SIGTERM that arrives while the command starts is kept and acted on as soon as the command can stop
 cleanly (``check`` then prints what ran: nothing); a second one exits at once (130).
+
+Standard output and error are made safe next (:mod:`ddpdoctor.system.streams`): closed at start, they
+behave as ``/dev/null`` (the command still does its work, writes ``--json`` and returns its verdict's
+code); text they cannot encode is written escaped instead of ending the command.
 """
 
 from __future__ import annotations
@@ -24,6 +28,11 @@ def main() -> None:
     """Entry point: keep signals from the start, then run the command line."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _early)
+    import sys
+
+    from ddpdoctor.system.streams import safe_stderr, safe_stdout
+
+    sys.stdout, sys.stderr = safe_stdout(), safe_stderr()
     from ddpdoctor.cli import main as cli_main
 
     try:

@@ -261,6 +261,7 @@ def _interrupted_at_start(exc: BaseException, checks: Sequence[Any], nproc: Opti
 
 def _finish_check(outcome: Any, progress: Any, verbose: bool, strict: bool, json_path: Optional[str]) -> int:
     """Print the rest of the report and the footer, write --json; the exit code."""
+    from ddpdoctor.report.document import save_json
     from ddpdoctor.report.terminal import Style, footer, header, render_result
 
     if outcome.reported_elsewhere():
@@ -280,12 +281,7 @@ def _finish_check(outcome: Any, progress: Any, verbose: bool, strict: bool, json
     out.write(footer(report, strict) + "\n")
     out.flush()
     if json_path:
-        try:
-            report.write_json(json_path, strict)
-        except OSError as exc:
-            click.echo(f"error[json-write]: cannot write {json_path}: {exc.strerror}; choose a writable path",
-                       err=True)
-            return ExitCode.USAGE if outcome.exit_code == 0 else outcome.exit_code
+        return save_json(json_path, report.to_dict(strict), outcome.exit_code)
     return outcome.exit_code
 
 
@@ -450,10 +446,8 @@ def run(hang_timeout: float, run_dir: Optional[str], keep: bool, keep_hung: bool
         straggler_windows: int, command: tuple) -> int:
     """Run a training command (after --) and explain it if it hangs or dies."""
     from ddpdoctor.postmortem.jobrun import RunSpec, run_job
-    from ddpdoctor.system.streams import safe_stderr, safe_stdout
 
-    safe_stdout()  # a closed stdout or stderr (>&-) is /dev/null: the job still runs, its code still returned
-    safe_stderr()
+    # a closed stdout or stderr (>&-) is already /dev/null here (__main__): the job runs, its code returned
     return run_job(RunSpec(command=list(command), hang_timeout=hang_timeout, run_dir=run_dir, keep=keep,
                            keep_hung=keep_hung, straggler_window=straggler_window,
                            straggler_windows=straggler_windows))

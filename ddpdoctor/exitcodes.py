@@ -16,7 +16,8 @@ class ExitCode(enum.IntEnum):
     INTERNAL: ddpdoctor itself broke; please report it.
     INTERRUPTED: Ctrl-C or SIGTERM; a partial report was printed.
     HUNG: ``ddpdoctor run`` found the job hung (no rank made progress for --hang-timeout seconds).
-    OUTPUT_FAILED: standard output is full or failed (``>/dev/full``); the output stops there, quietly.
+    OUTPUT_FAILED: standard output is full or failed (``>/dev/full``); the output stops there, quietly. Also
+        ``--json`` not written (disk full) when the verdict was 0: the work ran, its report is missing.
     OUTPUT_CLOSED: standard output was closed by its reader (``| head -1``); as a shell reports SIGPIPE.
     """
 
@@ -33,6 +34,6 @@ class ExitCode(enum.IntEnum):
 EXIT_CODE_HELP = (
     "Exit codes: 0 nothing worse than a warning; 1 a check failed, timed out or crashed "
     "(--strict: or warned); 2 usage error; 3 internal error; 130 interrupted; "
-    "141 standard output closed by its reader, 74 standard output full or failed; "
+    "141 standard output closed by its reader, 74 standard output full or failed (or --json not written); "
     "'run' exits with the job's own code, or 124 when the job hung."
 )

@@ -436,8 +436,8 @@ CAUSES: tuple = (
     Cause("killed-by-signal", "a rank was killed by a signal",
           (r"Signal \d+ \((SIG[A-Z0-9]+)\) received by PID \d+",
            r"died with <Signals\.(SIG[A-Z0-9]+): \d+>",
-           r"exitcode\s*:\s*-(\d+) \(pid",
-           r"failed \(exitcode: -(\d+)\)", r"exits with return code = -(\d+)",
+           r"exitcode\s*:\s*-(\d{1,9}) \(pid",  # a signal number: bounded (int() refuses 4300+ digits)
+           r"failed \(exitcode: -(\d{1,9})\)", r"exits with return code = -(\d{1,9})(?!\d)",
            r"\b(SIG[A-Z0-9]{1,12}) received by PID \d+"),
           "A rank process ended by a signal, not an exception.",
           "dmesg | grep -i -e oom -e killed (SIGKILL); ddpdoctor check --only env (memory, /dev/shm)",

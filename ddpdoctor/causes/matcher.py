@@ -69,15 +69,18 @@ def _fill(text: str, groups: dict) -> str:
 
 
 
-_PREFIX = re.compile(r"^\s*\[(?:rank|default|Rank )(\d+)\]:?")
+# Every number read with int() below has at most 9 digits and ends there (a rank, an exit code, a process
+# index): int() refuses more than 4300 digits (a log line with a 5,000-digit rank ended explain with exit 3),
+# and a longer number is no rank. The evidence pass (evidence.py) bounds its numbers the same way.
+_PREFIX = re.compile(r"^\s*\[(?:rank|default|Rank )(\d{1,9})\]:?")
 
 
 
-_NCCL_RANK = re.compile(r"\[(?:PG [^\][\n]*)?Rank (\d+)\]")  # no "[" inside: linear
+_NCCL_RANK = re.compile(r"\[(?:PG [^\][\n]*)?Rank (\d{1,9})\]")  # no "[" inside: linear
 
 
 
-_SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+_SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d{1,9})(?!\d)")
 
 
 
@@ -93,11 +96,12 @@ _SUMMARY_END = re.compile(r"^\s*(\[\d+\]:|Root Cause|Other Failures|=+\s*$)")
 
 
 
-_SPAWN_BLOCK = re.compile(r"^-- Process (\d+) terminated with the following error:")
+_SPAWN_BLOCK = re.compile(r"^-- Process (\d{1,9}) terminated with the following error:")
 
 
 
-_SPAWN_EXITED = re.compile(r"ProcessExitedException: process (\d+) terminated with (?:exit code (-?\d+)|signal (\w+))")
+_SPAWN_EXITED = re.compile(r"ProcessExitedException: process (\d{1,9}) terminated with "
+                           r"(?:exit code (-?\d{1,9})(?!\d)|signal (\w{1,32})\b)")
 
 
 
@@ -171,7 +175,7 @@ _ROOT_TEXT = "Root Cause (first observed failure)"
 
 
 
-_EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+_EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d{1,9})(?!\d)")
 
 
 

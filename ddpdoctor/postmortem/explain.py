@@ -118,7 +118,7 @@ def _chunks(source: Source, max_wait: float, notes: list) -> Iterator[str]:
         return
     fd = source.fd
     assert fd is not None
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")  # undecodable bytes: shown as \xff
     limit = source.regular_size if source.regular_size is not None else STREAM_BUDGET_BYTES
     deadline = None if source.regular_size is not None else time.monotonic() + max_wait
     done = 0

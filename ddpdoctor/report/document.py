@@ -13,9 +13,9 @@ from ddpdoctor.check import WorldInfo
 from ddpdoctor.exitcodes import ExitCode
 from ddpdoctor.errors import UsageError
 from ddpdoctor.result import CheckResult, Status
-from ddpdoctor.system.redact import redact_text
+from ddpdoctor.system.redact import escape_undecodable, redact_text, safe_text
 
-__all__ = ["RunReport", "SCHEMA", "write_json_file", "check_json_target", "redacted"]
+__all__ = ["save_json", "RunReport", "SCHEMA", "write_json_file", "check_json_target", "redacted"]
 
 SCHEMA = 1
 
@@ -72,14 +72,33 @@ class RunReport:
 
 
 def redacted(value: Any) -> Any:
-    """``value`` (JSON-like) with every string passed through :func:`~ddpdoctor.system.redact.redact_text`."""
+    """``value`` (JSON-like) with every string passed through :func:`~ddpdoctor.system.redact.redact_text`, and
+    undecodable bytes in strings and keys shown as ``\\xff`` (JSON that strict parsers read)."""
     if isinstance(value, str):
-        return redact_text(value)
+        return escape_undecodable(redact_text(value))
     if isinstance(value, dict):
-        return {k: redacted(v) for k, v in value.items()}
+        return {escape_undecodable(k) if isinstance(k, str) else k: redacted(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [redacted(v) for v in value]
     return value
+
+
+def save_json(path: str, doc: Any, code: int) -> int:
+    """Write the ``--json`` report once the terminal report is out; the command's exit code.
+
+    When the file cannot be written (disk full, permissions), one line says so on standard error and the
+    code is 74 (output failed) if the verdict was 0: a CI gate must not pass without its report, and it is
+    no usage error (the work ran). A failing verdict (1) keeps its own code.
+    """
+    import sys
+
+    try:
+        write_json_file(path, doc)
+    except OSError as exc:
+        print(f"error[json-write]: cannot write {safe_text(path)}: {exc.strerror or exc}; the report above is "
+              "complete; free space there or choose another --json path", file=sys.stderr, flush=True)
+        return int(ExitCode.OUTPUT_FAILED) if code == 0 else code
+    return code
 
 
 def check_json_target(path: str, flag: str = "--json") -> None:

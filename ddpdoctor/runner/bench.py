@@ -11,8 +11,8 @@ import sys
 from typing import Optional, Sequence
 
 from ddpdoctor.errors import UsageError
-from ddpdoctor.exitcodes import ExitCode
 from ddpdoctor.result import Status
+from ddpdoctor.system.redact import safe_text
 
 __all__ = ["parse_bytes", "format_size", "run_bench"]
 
@@ -60,7 +60,7 @@ def run_bench(*, nproc: Optional[int], backend: Optional[str], master_addr: str,
     from ddpdoctor.runner.options import RunOptions
     from ddpdoctor.runner.local import run_checks
 
-    from ddpdoctor.report.document import check_json_target, write_json_file
+    from ddpdoctor.report.document import check_json_target, save_json
 
     lo, hi = parse_bytes(min_bytes, "--min-bytes"), parse_bytes(max_bytes, "--max-bytes")
     if json_path:
@@ -69,13 +69,17 @@ def run_bench(*, nproc: Optional[int], backend: Optional[str], master_addr: str,
         raise UsageError("bad-size", f"--min-bytes {format_size(lo)} is larger than --max-bytes {format_size(hi)}",
                          "make --min-bytes the smaller one")
     names = [n.strip() for item in ops for n in item.split(",") if n.strip()]
+    if ops and not names:
+        raise UsageError("no-collectives", f"--ops '{safe_text(','.join(ops))}' names no operation",
+                         "name the operations (all_reduce, broadcast, ...) or leave --ops out to sweep them all")
     try:
         chosen = select_ops(names) if names else []
     except ValueError as exc:
         raise UsageError("unknown-collective", str(exc), "see 'ddpdoctor bench --help'") from None
     settings = {"min_bytes": lo, "max_bytes": hi, "ops": chosen, "dtype": dtype, "iters": iters, "warmup": warmup}
     opts = RunOptions(nproc=nproc, backend=backend, master_addr=master_addr, master_port=master_port,
-                      only=["collectives-bench"], timeout=timeout, mode=mode, options={"bench": settings})
+                      only=["collectives-bench"], timeout=timeout, mode=mode, options={"bench": settings},
+                      broken_plugins=False)
     outcome = run_checks(opts)
     if outcome.reported_elsewhere():
         return outcome.exit_code
@@ -101,10 +105,5 @@ def run_bench(*, nproc: Optional[int], backend: Optional[str], master_addr: str,
     if json_path:
         doc = {"schema": 1, "settings": settings, "world": report.world.to_dict(), "status": report.status.label,
                "exit_code": int(outcome.exit_code), "rows": rows, "report": report.to_dict()}
-        try:
-            write_json_file(json_path, doc)
-        except OSError as exc:
-            print(f"error[json-write]: cannot write {json_path}: {exc.strerror}; choose a writable path",
-                  file=sys.stderr)
-            return ExitCode.USAGE if outcome.exit_code == 0 else outcome.exit_code
+        return save_json(json_path, doc, outcome.exit_code)
     return outcome.exit_code

@@ -8,6 +8,7 @@ and prints the report; every process exits with the same code.
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import tempfile
@@ -115,7 +116,7 @@ def run_checks(opts: RunOptions, progress: Optional[Progress] = None) -> RunOutc
     Raises:
         UsageError: bad options or launcher variables (exit 2), before anything starts.
     """
-    checks = select_checks(opts.only, opts.skip)
+    checks = select_checks(opts.only, opts.skip, opts.broken_plugins)
     if opts.timeout <= 0:
         raise UsageError("bad-timeout", f"--timeout {opts.timeout:g} must be positive", "use --timeout 30")
     info = launcher.detect(strict=True)
@@ -123,7 +124,7 @@ def run_checks(opts: RunOptions, progress: Optional[Progress] = None) -> RunOutc
     if opts.mode == "join" and info.launcher is None:
         raise UsageError("no-launcher", "--join: no launcher variables found (RANK/WORLD_SIZE, SLURM_PROCID, "
                          "OMPI_COMM_WORLD_RANK)", "start ddpdoctor under torchrun, srun or mpirun")
-    import torch.distributed  # noqa: F401 - import before forking so workers start instantly
+    importlib.import_module("torch.distributed")  # before forking, so that the workers start instantly
 
     _validate_options(opts.options)
     for check in checks:

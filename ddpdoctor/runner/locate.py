@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
+from ddpdoctor.report.document import save_json
 from ddpdoctor.report.terminal import Style, footer, header, render_result
 from ddpdoctor.runner.local import run_checks
 from ddpdoctor.runner.options import RunOptions
@@ -27,7 +28,8 @@ def run_locate(*, nproc: Optional[int], backend: Optional[str], master_addr: str
     if round_timeout is not None:
         settings["round_timeout"] = round_timeout
     opts = RunOptions(nproc=nproc, backend=backend, master_addr=master_addr, master_port=master_port,
-                      only=["process-group", "locate"], timeout=timeout, mode=mode, options={"locate": settings})
+                      only=["process-group", "locate"], timeout=timeout, mode=mode, options={"locate": settings},
+                      broken_plugins=False)
     outcome = run_checks(opts)
     if outcome.reported_elsewhere():
         return outcome.exit_code
@@ -41,5 +43,5 @@ def run_locate(*, nproc: Optional[int], backend: Optional[str], master_addr: str
     sys.stdout.write("\n".join(lines) + "\n")
     sys.stdout.flush()
     if json_path:
-        report.write_json(json_path)
+        return save_json(json_path, report.to_dict(), outcome.exit_code)
     return outcome.exit_code

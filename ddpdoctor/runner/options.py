@@ -38,6 +38,7 @@ class RunOptions:
     mode: str = "auto"  # auto | local | join
     strict: bool = False
     options: dict = field(default_factory=dict)
+    broken_plugins: bool = True  # a plugin that did not load is a CRASH result (False: bench, locate)
 
 
 

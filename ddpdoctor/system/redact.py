@@ -8,6 +8,8 @@ The one place for both (the report, JSON, ``env``, ``explain`` and ``stacks`` go
   (``HF_TOKEN=...``, ``"db_password": "..."``);
 - :func:`escape_controls` turns control characters (ESC, CR, NUL, DEL, C1, bidi overrides) into
   visible escapes, so a log line or a process name cannot move the cursor or recolor the terminal;
+- :func:`escape_undecodable` shows bytes that did not decode as UTF-8 (a variable, an argument, a host
+  name: Python keeps them as lone surrogates, which no strict UTF-8 output can write) as ``\\xff``;
 - :func:`safe_text` does both: use it on anything quoted from outside ddpdoctor.
 """
 
@@ -16,8 +18,8 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-__all__ = ["is_secret_name", "redact_env", "redact_text", "redact_value", "escape_controls", "safe_text",
-           "REDACTED"]
+__all__ = ["is_secret_name", "redact_env", "redact_text", "redact_value", "escape_controls", "escape_undecodable",
+           "safe_text", "REDACTED"]
 
 REDACTED = "<redacted>"
 _SECRET = re.compile(
@@ -36,6 +38,7 @@ _NAMED = re.compile(
     re.IGNORECASE,
 )
 _CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_SURROGATES = re.compile("[\ud800-\udfff]")
 _NAMES = {"\r": "\\r", "\x1b": "\\e", "\t": "\\t", "\n": "\\n", "\x00": "\\0"}
 
 
@@ -68,7 +71,8 @@ def redact_env(env: Mapping[str, str]) -> dict[str, str]:
 
 def escape_controls(text: str) -> str:
     r"""``text`` with control characters shown as escapes (``\e``, ``\r``, ``\x07``, ``\u202e``); tabs and
-    newlines too, so one quoted line stays one line."""
+    newlines too, so one quoted line stays one line; undecodable bytes as :func:`escape_undecodable` shows them."""
+    text = escape_undecodable(text)
     if not _CONTROLS.search(text):
         return text
 
@@ -79,6 +83,20 @@ def escape_controls(text: str) -> str:
         return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
 
     return _CONTROLS.sub(one, text)
+
+
+def escape_undecodable(text: str) -> str:
+    r"""``text`` with each byte that did not decode (``os.environ``, ``sys.argv`` and ``socket.gethostname``
+    keep one as a lone surrogate, U+DC80-U+DCFF) shown as ``\xff``, and any other lone surrogate as
+    ``\udXXX``: the result encodes in strict UTF-8 and says which bytes were there."""
+    if not _SURROGATES.search(text):
+        return text
+
+    def one(m: "re.Match[str]") -> str:
+        code = ord(m.group(0))
+        return f"\\x{code - 0xdc00:02x}" if 0xdc80 <= code <= 0xdcff else f"\\u{code:04x}"
+
+    return _SURROGATES.sub(one, text)
 
 
 def safe_text(text: Any) -> str:

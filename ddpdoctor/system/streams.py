@@ -1,58 +1,56 @@
-"""Standard output and error that may be closed, or encode strictly: what a command writes to.
+"""Standard output and standard error that neither a closed descriptor nor a strict encoding can break.
 
-A command started with ``>&-`` or ``2>&-`` has no file descriptor 1 or 2, and Python sets
-``sys.stdout``/``sys.stderr`` to ``None``: the first ``print`` raises. Worse, the next file the
-command opens takes the free number, so a later write "to stdout" lands in that file (a log, a pipe
-to a child). The report, the JSON and the job matter more than a stream nobody reads, so a closed
-stream becomes ``/dev/null``, opened onto its own descriptor number (the hole is plugged), and a
-stream that encodes strictly (``PYTHONIOENCODING=utf-8:strict``) escapes what it cannot encode
-(``errors="backslashreplace"``) instead of raising.
+A command started with standard output closed (``ddpdoctor check >&-``) starts with ``sys.stdout`` set
+to None; one whose output encodes strictly (``PYTHONIOENCODING=utf-8:strict``, an ASCII terminal) stops
+with UnicodeEncodeError at the first undecodable byte quoted from outside (an argument, a variable, a
+host name). The report, ``--json`` and the verdict's exit code matter more than a stream nobody reads:
+a closed stream behaves as ``/dev/null``, and text the stream cannot encode is written escaped
+(``\\udcff``, ``\\u2192``). Installed once at start-up (:mod:`ddpdoctor.__main__`).
 """
 
 from __future__ import annotations
 
-import io
 import os
 import sys
-from typing import TextIO
+from typing import Optional, TextIO
 
 __all__ = ["safe_stdout", "safe_stderr"]
 
+ERRORS = "backslashreplace"
+
 
 def safe_stdout() -> TextIO:
-    """``sys.stdout``, made safe to write (see the module's docstring); also installed as ``sys.stdout``."""
-    sys.stdout = _safe(sys.stdout, 1)
-    return sys.stdout
+    """``sys.stdout``, writing what it cannot encode escaped; ``os.devnull`` when descriptor 1 is closed."""
+    return _safe(1, sys.stdout)
 
 
 def safe_stderr() -> TextIO:
-    """``sys.stderr``, made safe to write (see the module's docstring); also installed as ``sys.stderr``."""
-    sys.stderr = _safe(sys.stderr, 2)
-    return sys.stderr
+    """``sys.stderr``, writing what it cannot encode escaped; ``os.devnull`` when descriptor 2 is closed."""
+    return _safe(2, sys.stderr)
 
 
-def _safe(stream: object, fd: int) -> TextIO:
-    if stream is not None and _open_fd(fd):
-        reconfigure = getattr(stream, "reconfigure", None)
-        if reconfigure is not None and getattr(stream, "errors", "") == "strict":
-            try:
-                reconfigure(errors="backslashreplace")
-            except (ValueError, OSError):  # a stream that cannot change (already written to): left as it is
-                pass
-        return stream  # type: ignore[return-value]
-    null = os.open(os.devnull, os.O_WRONLY)
-    if stream is None and _open_fd(fd):
-        fd = null  # the number went to a file opened since: never write into it
-    elif null != fd:
-        os.dup2(null, fd)  # plug the hole: nothing opened later takes this number
-        os.close(null)
-    return io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
-                            line_buffering=True)
+def _safe(fd: int, stream: Optional[TextIO]) -> TextIO:
+    if stream is None:  # closed when the interpreter started
+        return _devnull(fd)
+    try:
+        stream.reconfigure(errors=ERRORS)  # type: ignore[attr-defined]
+    except (AttributeError, ValueError, OSError):  # not a TextIOWrapper (a test's capture): as it is
+        pass
+    return stream
 
 
-def _open_fd(fd: int) -> bool:
+def _devnull(fd: int) -> TextIO:
+    """A text stream on ``os.devnull``. When ``fd`` itself is closed, ``os.devnull`` is opened onto it, so
+    that the processes ddpdoctor starts (the ranks) inherit a harmless descriptor there too; when
+    something else took that number since the interpreter started, it is left alone."""
     try:
         os.fstat(fd)
-        return True
+        taken = True
     except OSError:
-        return False
+        taken = False
+    null = os.open(os.devnull, os.O_WRONLY)
+    if not taken and null != fd:
+        os.dup2(null, fd)
+        os.close(null)
+        null = fd
+    return open(null, "w", encoding="utf-8", errors=ERRORS, closefd=null != fd)
