@@ -383,6 +383,22 @@ def _finish(p):
     return p.returncode, out, err
 
 
+def _wait_for_handlers(pid: int, timeout: float = 60.0) -> None:
+    """Wait until ``pid`` catches SIGINT and SIGTERM (``SigCgt`` in /proc/<pid>/status)."""
+    want = (1 << (signal.SIGINT - 1)) | (1 << (signal.SIGTERM - 1))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                caught = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+        except (OSError, StopIteration):
+            return  # ended already: the run's own result says what happened
+        if caught & want == want:
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"pid {pid} installed no SIGINT/SIGTERM handler in {timeout:g}s")
+
+
 @pytest.mark.timeout(300)
 def test_signals_at_random_moments_stop_cleanly(cli_env, tmp_path):
     """Three real runs side by side: SIGTERM during start-up, one Ctrl-C and two Ctrl-Cs at random moments.
@@ -396,6 +412,10 @@ def test_signals_at_random_moments_stop_cleanly(cli_env, tmp_path):
     for d in dirs:
         d.mkdir()
     procs = [_start_check(cli_env, d) for d in dirs]
+    # "Any moment" starts when ddpdoctor's first line has run: before that the interpreter itself is
+    # starting, and a signal there takes its default action in every Python program (exit -15).
+    for p in procs:
+        _wait_for_handlers(p.pid)
     plan = [(procs[0], [rnd.uniform(0.0, 1.0)], signal.SIGTERM),
             (procs[1], [rnd.uniform(0.0, 6.0)], signal.SIGINT),
             (procs[2], [rnd.uniform(0.0, 6.0), rnd.uniform(0.0, 0.5)], signal.SIGINT)]
