@@ -56,6 +56,8 @@ from typing import IO, Optional
 
 from ddpdoctor.exitcodes import ExitCode
 from ddpdoctor.postmortem.straggle import StragglerWatch
+from ddpdoctor.system import redact
+from ddpdoctor.system.redact import safe_data, safe_text, shorten
 from ddpdoctor.system.stackframes import shown_where
 
 __all__ = ["RunSpec", "run_job", "job_env", "default_runs_root", "RAW_LOG", "DEATH_GRACE"]
@@ -113,6 +115,7 @@ def job_env(run_dir: str, inject_dir: str, base: dict, run_id: str = "") -> dict
     env["DDPDOCTOR_RUN_DIR"] = run_dir
     env["DDPDOCTOR_RUN_PID"] = str(os.getpid())
     env["DDPDOCTOR_RUN_ID"] = run_id or uuid.uuid4().hex
+    env["DDPDOCTOR_REDACT_PY"] = os.path.abspath(redact.__file__)  # the hook redacts proc-<pid>.json with it
     env.pop("DDPDOCTOR_RANK_MARK", None)
     env.setdefault("DDPDOCTOR_STACK_SIGNAL", "SIGUSR2")
     env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
@@ -367,7 +370,8 @@ class _Proc:
         if e is None:
             return "ended without a Python exit (killed by a signal)"
         if e.get("how") == "raised":
-            return f"raised {e.get('exception', '')}" + (f" at {shown_where(e['where'])}" if e.get("where") else "")
+            return f"raised {shorten(str(e.get('exception', '')), 300)}" + (
+                f" at {shown_where(e['where'])}" if e.get("where") else "")
         code = e.get("code")
         if code not in (0, None):
             return f"exited with code {code}"
@@ -634,7 +638,11 @@ def _tail(path: str, limit: int = 8 << 20) -> str:
 
 def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: str, readings: list,
              code: Optional[int] = None) -> list:
-    """The verdict: cause first, then where the others were, the launcher's part, explain; saved."""
+    """The verdict: cause first, then where the others were, the launcher's part, explain; saved.
+
+    Its lines quote the job (exceptions, log lines, stack frames): each line of ``verdict.txt`` and
+    ``stacks.txt`` and each string of ``verdict.json`` is redacted and escaped (``safe_text``); the
+    job's own words stay byte for byte only in ``output.raw.log``."""
     from ddpdoctor.causes.matcher import explain_text, first_failure
     from ddpdoctor.postmortem.explain import render_matches
     from ddpdoctor.postmortem.stacks import render_groups
@@ -668,17 +676,19 @@ def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: st
     if matches or first:
         lines += ["  " + line for line in render_matches(matches, f"explain ({RAW_LOG})", first)]
     lines.append(f"  saved in {run_dir} ({RAW_LOG}, stacks.txt, verdict.txt, verdict.json)")
+    lines = [safe_text(line) for line in lines]
     _write_private(os.path.join(run_dir, "stacks.txt"), "".join(
-        f"--- {r.proc.label} (pid {r.proc.pid}), read with {r.method}: {r.place}\n{r.stack or r.error}\n"
-        for r in readings))
+        safe_text(line) + "\n" for r in readings
+        for line in [f"--- {r.proc.label} (pid {r.proc.pid}), read with {r.method}: {r.place}",
+                     *(r.stack or r.error).rstrip("\n").splitlines()]))
     _write_private(os.path.join(run_dir, "verdict.txt"), "\n".join(lines) + "\n")
-    _write_private(os.path.join(run_dir, "verdict.json"), json.dumps({
+    _write_private(os.path.join(run_dir, "verdict.json"), json.dumps(safe_data({
         "schema": 1, "kind": kind, "headline": headline, "exit_code": code, "cause": cause, "first_failure": first,
         "causes": [m.to_dict() for m in matches],
         "stacks": [{"rank": r.proc.rank, "pid": r.proc.pid, "method": r.method, "place": r.place} for r in readings],
         "ranks": [{"rank": p.rank, "index": p.index, "pid": p.pid,
                    "state": "alive" if p.alive else (p.death() or "exited with code 0")} for p in watch.ranks()],
-        "deaths": [{"rank": p.rank, "pid": p.pid, "how": p.death()} for p in watch.deaths]}, indent=2))
+        "deaths": [{"rank": p.rank, "pid": p.pid, "how": p.death()} for p in watch.deaths]}), indent=2))
     return lines
 
 
@@ -826,7 +836,7 @@ def run_job(spec: RunSpec) -> int:
 
 def _say(spec: RunSpec, lines: list) -> None:
     try:
-        spec.err.write("\n".join(lines) + "\n")
+        spec.err.write("\n".join(safe_text(line) for line in lines) + "\n")  # quotes the job: redacted, escaped
         spec.err.flush()
     except (OSError, ValueError):
         pass

@@ -13,7 +13,7 @@ from ddpdoctor.check import WorldInfo
 from ddpdoctor.exitcodes import ExitCode
 from ddpdoctor.errors import UsageError
 from ddpdoctor.result import CheckResult, Status
-from ddpdoctor.system.redact import redact_text
+from ddpdoctor.system.redact import redact_text, safe_data
 
 __all__ = ["RunReport", "SCHEMA", "write_json_file", "check_json_target", "redacted"]
 
@@ -72,14 +72,9 @@ class RunReport:
 
 
 def redacted(value: Any) -> Any:
-    """``value`` (JSON-like) with every string passed through :func:`~ddpdoctor.system.redact.redact_text`."""
-    if isinstance(value, str):
-        return redact_text(value)
-    if isinstance(value, dict):
-        return {k: redacted(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [redacted(v) for v in value]
-    return value
+    """``value`` (JSON-like) with every string redacted and escaped (:func:`~ddpdoctor.system.redact.safe_data`):
+    what the JSON report holds is what the terminal shows."""
+    return safe_data(value)
 
 
 def check_json_target(path: str, flag: str = "--json") -> None:
