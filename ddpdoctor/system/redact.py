@@ -108,8 +108,9 @@ def _hide_flag_value(m: "re.Match[str]") -> str:
 
 def _hide_value(m: "re.Match[str]") -> str:
     """The name and separator (groups 1-2) with the value after them hidden (its quotes kept); the match
-    unchanged when the value is already hidden, or is a variable named like a credential passed in a
-    call (``token=hf_token)``, ``password=args.password,``): code in a traceback, not a secret."""
+    unchanged when the value is already hidden, or is a variable named like a credential or a constant
+    passed in a call (``token=hf_token)``, ``password=args.password,``, ``add_to_git_credential=False)``):
+    code in a traceback, not a secret."""
     head = m.group(1) + m.group(2)
     quote, close, bare = m.group(3), m.group(5), m.group(6)
     if quote is not None:
@@ -118,7 +119,7 @@ def _hide_value(m: "re.Match[str]") -> str:
         return m.group(0)
     code = bare.rstrip(")")
     called = code != bare or m.string[m.end():m.end() + 1] == ","
-    if called and _VARIABLE.fullmatch(code):
+    if called and (code in ("True", "False", "None") or _VARIABLE.fullmatch(code)):
         return m.group(0)
     return f"{head}{REDACTED}"
 
