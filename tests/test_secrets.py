@@ -15,6 +15,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -269,3 +270,45 @@ def test_stacks_shows_no_secret_of_a_ranks_arguments(cli_env, tmp_path):
     text = err.decode("utf-8", "replace")
     assert "ddpdoctor run: stopped by SIGTERM" in text, text[-2000:]
     _clean(text[text.index("ddpdoctor run:"):], "run stopped")
+
+
+# -- run on a real mp.spawn job (torch, gloo): the launcher's "first failure" line -----------------
+
+SPAWN = textwrap.dedent("""
+    import sys
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    from secret_shapes import ESCAPE, SHAPES
+
+    def main(i, store):
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=i, world_size=2)
+        if i == 1:
+            raise RuntimeError("upload failed " + ESCAPE + " with " + " ".join(s.text for s in SHAPES))
+        dist.barrier()  # fails when process 1 is gone
+
+    if __name__ == "__main__":
+        mp.spawn(main, args=(sys.argv[1],), nprocs=2)
+    """)
+
+
+@pytest.mark.timeout(300)
+def test_run_on_a_real_mp_spawn_job_shows_no_secret(cli_env, tmp_path):
+    script = tmp_path / "spawn.py"
+    script.write_text(SPAWN)
+    run_dir = tmp_path / "run"
+    p = subprocess.run(CMD + ["run", "--hang-timeout", "120", "--dir", str(run_dir), "--", sys.executable,
+                              str(script), str(tmp_path / "store"), *argv()], env=cli_env, capture_output=True,
+                       timeout=280)
+    err = p.stderr.decode("utf-8", "replace")
+    assert p.returncode == 1, err[-3000:]
+    at = err.index("ddpdoctor run:")
+    assert leaks(err[:at]) == IDS and ESCAPE in err[:at]  # the job's own output, as written
+    verdict = err[at:]
+    assert "first failure: process 1 of mp.spawn raised RuntimeError: upload failed \\e]0;owned\\x07\\e[2J with " \
+           "https://alice:<redacted>@git.example.com" in verdict, verdict
+    assert re.search(r"(rank|process) 1 raised RuntimeError: upload failed \\e\]0;owned", verdict)  # the hook's record
+    _clean(verdict, "terminal verdict")
+    _clean((run_dir / "verdict.txt").read_text(), "verdict.txt")
+    _json_clean(run_dir / "verdict.json", "verdict.json")
+    for path in glob.glob(str(run_dir / "proc-*.json")) + glob.glob(str(run_dir / "exit-*.json")):
+        _json_clean(Path(path).read_text(), os.path.basename(path))
