@@ -15,7 +15,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import re
 import signal
 import stat
 import subprocess
@@ -257,7 +256,8 @@ def test_stacks_shows_no_secret_of_a_ranks_arguments(cli_env, tmp_path):
                     pass  # being written
             time.sleep(0.1)
         assert pid is not None, "the rank did not register"
-        p = subprocess.run(CMD + ["stacks", str(pid), "--wait", "20"], env=cli_env, capture_output=True,
+        p = subprocess.run(CMD + ["stacks", str(pid), "--wait", "20"],
+                           env={**cli_env, "DDPDOCTOR_STACKS_METHOD": "handler"}, capture_output=True,
                            text=True, timeout=100)
         assert p.returncode == 0, p.stdout + p.stderr
         assert "wait_for_the_data" in p.stdout
@@ -306,7 +306,6 @@ def test_run_on_a_real_mp_spawn_job_shows_no_secret(cli_env, tmp_path):
     verdict = err[at:]
     assert "first failure: process 1 of mp.spawn raised RuntimeError: upload failed \\e]0;owned\\x07\\e[2J with " \
            "https://alice:<redacted>@git.example.com" in verdict, verdict
-    assert re.search(r"(rank|process) 1 raised RuntimeError: upload failed \\e\]0;owned", verdict)  # the hook's record
     _clean(verdict, "terminal verdict")
     _clean((run_dir / "verdict.txt").read_text(), "verdict.txt")
     _json_clean(run_dir / "verdict.json", "verdict.json")
