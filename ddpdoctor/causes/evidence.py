@@ -26,12 +26,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
+from ddpdoctor.system.redact import shorten
+
 __all__ = ["DERIVED", "Evidence", "gather", "refine"]
 
 # Causes with no line pattern of their own: only this pass finds them, from the evidence around another match.
 DERIVED = ("slow-rank-timeout", "ddp-unused-already-on", "syncbn-single-process")
 
 MAX_LINE = 4096
+_KEPT = 400  # the characters of a line kept as evidence; shown shortened, after redaction (shorten)
 
 _NPROC = re.compile(r"--nproc[-_]per[-_]node[= ](\d{1,9})(?!\d)")
 _VISIBLE = re.compile(r"CUDA_VISIBLE_DEVICES=([0-9][0-9,]*)")
@@ -110,19 +113,19 @@ def gather(lines: Sequence[str]) -> Evidence:
                 ev.visible_gpus = len([d for d in m.group(1).split(",") if d])
         if ("find_unused_parameters" in line and "keyword argument" not in line
                 and "`find_unused" not in line and _FIND_UNUSED_ON.search(line)):
-            ev.find_unused_on = ev.find_unused_on or line.strip()[:200]
+            ev.find_unused_on = ev.find_unused_on or line.strip()[:_KEPT]
         if not ev.syncbn and ("batchnorm.py" in line or "sync_bn" in line or "SyncB" in line) \
                 and _SYNCBN_FRAME.search(line):
             ev.syncbn = True
         if not ev.errno13 and "[Errno 13]" in line and _ERRNO13.search(line):
-            ev.errno13 = line.strip()[:200]
+            ev.errno13 = line.strip()[:_KEPT]
         if not ev.semlock and ("SemLock" in line or "synchronize.py" in line) and _SEMLOCK.search(line):
             ev.semlock = True
         if "<" in line and _LONG_TASK.search(line):
             m = _ELAPSED.search(line)  # a progress bar's elapsed time: [29:55<4:48:08
             secs = (int(m.group(1) or 0) * 3600 + int(m.group(2)) * 60 + int(m.group(3))) if m else 0
             if secs > ev.long_task_s:
-                ev.long_task, ev.long_task_s = line.strip()[:200], secs
+                ev.long_task, ev.long_task_s = line.strip()[:_KEPT], secs
         if "Timeout(ms)=" in line and ev.timeout_ms is None:
             m = _TIMEOUT_MS.search(line)
             if m:
@@ -135,7 +138,7 @@ def gather(lines: Sequence[str]) -> Evidence:
                     ev.crash_signals.append(sig)
         if not ev.net_last_error and ("NET/" in line or "Connection reset" in line or "Broken pipe" in line
                                       or "ibv_" in line) and _NET_LAST.search(line):
-            ev.net_last_error = line.strip()[:200]
+            ev.net_last_error = line.strip()[:_KEPT]
         if "SOCKET_IFNAME" in line:
             m = _IFNAME.search(line)
             if m and (m.group(1), m.group(2)) not in ev.ifnames:
@@ -224,7 +227,7 @@ def refine(lines: Sequence[str], found: dict, by_id: dict, make: Callable) -> Ev
                 m.count = found[like].count
                 m.evidence = found[like].evidence
         if evidence and not m.evidence:
-            m.evidence = evidence[:240]
+            m.evidence = shorten(evidence, 240)
         m.count = max(m.count, 1)
         return m
 
@@ -234,7 +237,7 @@ def refine(lines: Sequence[str], found: dict, by_id: dict, make: Callable) -> Ev
 
     # Settings already present: find_unused_parameters=True is on, so that advice cannot be the fix.
     if "ddp-unused-parameters" in found and ev.find_unused_on and add("ddp-unused-already-on", like="ddp-unused-parameters"):
-        note("ddp-unused-already-on", f"The log shows it on: '{ev.find_unused_on}'.")
+        note("ddp-unused-already-on", f"The log shows it on: '{shorten(ev.find_unused_on, 200)}'.")
 
     # SyncBatchNorm in the traceback of "no default process group".
     if "no-default-process-group" in found and ev.syncbn:
@@ -253,7 +256,7 @@ def refine(lines: Sequence[str], found: dict, by_id: dict, make: Callable) -> Ev
         limit = f" (the timeout was {ev.timeout_ms // 1000} s)" if ev.timeout_ms else ""
         if add("slow-rank-timeout", ev.long_task, like=timed_out[0]):
             took = f" after {_fmt_secs(ev.long_task_s)}" if ev.long_task_s else ""
-            note("slow-rank-timeout", f"In this log a rank was still at '{ev.long_task[:90]}'{took} when the "
+            note("slow-rank-timeout", f"In this log a rank was still at '{shorten(ev.long_task, 90)}'{took} when the "
                                       f"others timed out{limit}.")
 
     # Counts: more processes than visible GPUs decides between the two readings of a shared GPU.
@@ -288,7 +291,7 @@ def refine(lines: Sequence[str], found: dict, by_id: dict, make: Callable) -> Ev
                                              f"(Lightning's MEMBER lines) before the job hung.")
             if not found["slurm-tasks-mismatch"].evidence:
                 found["slurm-tasks-mismatch"].evidence = next(
-                    (ln.strip()[:240] for ln in lines if "MEMBER:" in ln[:MAX_LINE]), "")
+                    (shorten(ln.strip(), 240) for ln in lines if "MEMBER:" in ln[:MAX_LINE]), "")
 
     # NCCL remote error: which reading does this log support?
     if "nccl-remote-error" in found:
@@ -297,7 +300,7 @@ def refine(lines: Sequence[str], found: dict, by_id: dict, make: Callable) -> Ev
             note("nccl-remote-error", f"This log supports reading (1): a rank died by {crashed[0]} first.")
         elif ev.net_last_error:
             note("nccl-remote-error", f"No rank died first in this log and the last error is a network one "
-                                      f"('{ev.net_last_error[:100]}'): reading (2).")
+                                      f"('{shorten(ev.net_last_error, 100)}'): reading (2).")
         else:
             note("nccl-remote-error", "This log shows neither a crashed rank nor a network error: check both.")
 

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from ddpdoctor.causes.catalogue import CAUSES, Cause
 from ddpdoctor.causes.evidence import refine
-from ddpdoctor.system.redact import safe_text
+from ddpdoctor.system.redact import shorten
 from ddpdoctor.system.signals import signal_hint
 from ddpdoctor.system.stackframes import is_user, shown_path
 
@@ -207,7 +207,7 @@ def _spawn_failure(lines: Sequence[str]) -> Optional[str]:
                 continue
             if body and not body[0].isspace() and not body.startswith(("Traceback", "The above exception",
                                                                          "During handling")):
-                exc = body.strip() if len(body.strip()) <= 160 else body.strip()[:157] + "..."
+                exc = shorten(body.strip(), 160)
                 break
         out = f"process {sp.group(1)} of mp.spawn raised" + (f" {exc}" if exc else " an exception")
         return out + (f" at {where}" if where else "")
@@ -473,7 +473,7 @@ class LogScanner:
             match = self._found.setdefault(cause.id, Match(cause))
             match.count += 1
             if not match.evidence:
-                match.evidence = safe_text(_PREFIX.sub("", line).strip()[:240])
+                match.evidence = shorten(_PREFIX.sub("", line).strip(), 240)
                 match.groups = {k: v for k, v in hit.groupdict().items() if v is not None}
             if rank is not None:
                 match.ranks.add(rank)
@@ -495,7 +495,7 @@ class LogScanner:
             self._per_rank.setdefault(rank, ["", ""])[1] = where
         elif ("Error" in body or "Exception" in body or "Interrupt" in body) and _EXC_LINE.match(body) \
                 and not body.startswith("Traceback"):
-            self._per_rank.setdefault(rank, ["", ""])[0] = body if len(body) <= 160 else body[:157] + "..."
+            self._per_rank.setdefault(rank, ["", ""])[0] = body if len(body) <= 160 else shorten(body, 160)
 
     def _first_hit(self, line: str, rank: Optional[int], held: frozenset) -> tuple:
         """:func:`_first_hit`, skipping the patterns whose literals are not in the line (``held``)."""
@@ -561,9 +561,9 @@ class LogScanner:
         exc, where = self._per_rank.get(rank, ("", ""))
         text_out = f"rank {rank} exited with code {code}"
         if exc:
-            text_out += f": {safe_text(exc)}"
+            text_out += f": {exc}"
         if where:
-            text_out += f" at {safe_text(where)}"
+            text_out += f" at {where}"
         return text_out
 
 

@@ -22,7 +22,7 @@ from typing import Iterator, Optional, Sequence
 from ddpdoctor.causes.matcher import EVIDENCE_WHOLE_CHARS, LINE_CAP, LogScanner, Match, ScanResult
 from ddpdoctor.errors import UsageError
 from ddpdoctor.result import format_ranks
-from ddpdoctor.system.redact import safe_text
+from ddpdoctor.system.redact import safe_data, safe_text
 
 __all__ = ["render_matches", "read_input", "explain_command", "scan_source", "Source",
            "STREAM_BUDGET_BYTES", "CHUNK_BYTES"]
@@ -44,8 +44,11 @@ class Source:
 
 def render_matches(matches: Sequence[Match], source: str, first: Optional[str] = None,
                    notes: Sequence[str] = ()) -> list:
-    """The lines ``ddpdoctor explain`` prints (``first``: torchrun's first failure; ``notes``: what was cut)."""
-    source = safe_text(source)
+    """The lines ``ddpdoctor explain`` prints (``first``: torchrun's first failure; ``notes``: what was cut).
+
+    They quote the log (the evidence, the first failure, notes on what was found): whoever prints or saves
+    them passes each through :func:`~ddpdoctor.system.redact.safe_text` (explain's output, run's verdict).
+    """
     head = [f"first failure: {first}"] if first else []
     tail = [f"note: {n}" for n in notes]
     if not matches:
@@ -58,7 +61,7 @@ def render_matches(matches: Sequence[Match], source: str, first: Optional[str] =
     for m in matches:
         who = f" (rank{'s' if len(m.ranks) != 1 else ''} {format_ranks(m.ranks)})" if m.ranks else ""
         out.append(f"- {m.cause.id}: {m.cause.title}{who}")
-        out.append(f"    seen:    {safe_text(m.evidence)}" + (f"  [x{m.count}]" if m.count > 1 else ""))
+        out.append(f"    seen:    {m.evidence}" + (f"  [x{m.count}]" if m.count > 1 else ""))
         out.append(f"    means:   {m.meaning}")
         out.append(f"    confirm: {m.confirm}")
         out.append(f"    fix:     {m.fix}")
@@ -127,7 +130,7 @@ def _chunks(source: Source, max_wait: float, notes: list) -> Iterator[str]:
             left = deadline - time.monotonic()
             ready = select.select([fd], [], [], max(0.0, left))[0] if left > 0 else []
             if not ready:
-                notes.append(f"stopped reading {safe_text(source.name)} after {max_wait:g} s "
+                notes.append(f"stopped reading {source.name} after {max_wait:g} s "
                              f"({_size(done)} read): it is a stream that did not end; "
                              "save the log to a file and pass --log FILE, or raise --max-wait")
                 break
@@ -137,7 +140,7 @@ def _chunks(source: Source, max_wait: float, notes: list) -> Iterator[str]:
             time.sleep(0.01)
             continue
         except OSError as exc:
-            notes.append(f"stopped reading {safe_text(source.name)}: {exc.strerror}")
+            notes.append(f"stopped reading {source.name}: {exc.strerror}")
             break
         if not data:
             break
@@ -145,7 +148,7 @@ def _chunks(source: Source, max_wait: float, notes: list) -> Iterator[str]:
         yield decoder.decode(data)
     else:
         if source.regular_size is None:
-            notes.append(f"read only the first {_size(limit)} of {safe_text(source.name)}: it is not a regular "
+            notes.append(f"read only the first {_size(limit)} of {source.name}: it is not a regular "
                          "file (a pipe, FIFO or device); save the log to a file and pass --log FILE")
     yield decoder.decode(b"", final=True)
 
@@ -196,16 +199,16 @@ def explain_command(text: Sequence[str], log_path: Optional[str], as_json: bool,
         facts = gather_facts(probe, body)
         checks = check_here(matches, body, facts)
     if as_json:
-        doc = {"schema": 1, "source": safe_text(source.name), "first_failure": first,
+        doc = {"schema": 1, "source": source.name, "first_failure": first,
                "causes": [m.to_dict() for m in matches], "cut_lines": result.cut_lines, "notes": notes}
         if here:
             doc["here"] = {"facts": facts.to_dict(), "checks": [c.to_dict() for c in checks]}
-        click.echo(json.dumps(doc, indent=2))
+        click.echo(json.dumps(safe_data(doc), indent=2))  # the log's words: redacted and escaped
     else:
         lines = render_matches(matches, source.name, first, notes)
         if here:
             from ddpdoctor.causes.here import render_here
 
             lines += render_here(facts, checks)
-        click.echo("\n".join(lines))
+        click.echo("\n".join(safe_text(line) for line in lines))  # the log's words: redacted and escaped
     return 0

@@ -69,6 +69,8 @@ from ddpdoctor.postmortem.rundir import RunDir, default_runs_root, prepare_run_d
 from ddpdoctor.postmortem.rundir import write_private as _write_private
 from ddpdoctor.postmortem.jobproc import Launched, launch
 from ddpdoctor.postmortem.straggle import StragglerWatch
+from ddpdoctor.system import redact
+from ddpdoctor.system.redact import safe_data, safe_text, shorten
 from ddpdoctor.system.stackframes import shown_where, user_place
 
 __all__ = ["RunSpec", "run_job", "job_env", "default_runs_root", "RAW_LOG", "DEATH_GRACE"]
@@ -116,6 +118,7 @@ def job_env(run_dir: str, inject_dir: str, base: dict, run_id: str = "") -> dict
     env["DDPDOCTOR_RUN_DIR"] = run_dir
     env["DDPDOCTOR_RUN_PID"] = str(os.getpid())  # the launched command's parent: the watchdog puts its own
     env["DDPDOCTOR_RUN_ID"] = run_id or uuid.uuid4().hex
+    env["DDPDOCTOR_REDACT_PY"] = os.path.abspath(redact.__file__)  # the hook redacts proc-<pid>.json with it
     env.pop("DDPDOCTOR_RANK_MARK", None)
     env.setdefault("DDPDOCTOR_STACK_SIGNAL", "SIGUSR2")
     env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
@@ -196,7 +199,7 @@ class _Proc:
             return "ended without a Python exit (killed by a signal)"
         if e.get("how") == "raised":
             where = _raised_where(e)
-            return f"raised {e.get('exception', '')}" + (f" at {where}" if where else "")
+            return f"raised {shorten(str(e.get('exception', '')), 300)}" + (f" at {where}" if where else "")
         code = e.get("code")
         if code not in (0, None):
             return f"exited with code {code}"
@@ -443,7 +446,11 @@ def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: st
     """The verdict: cause first, then where the others were, the launcher's part, explain; saved.
 
     ``kind``: failed, hung or interrupted (then ``log_end``: what the job wrote before the interrupt,
-    the part explained; what it printed as it stopped is the interrupt's doing)."""
+    the part explained; what it printed as it stopped is the interrupt's doing).
+
+    Its lines quote the job (exceptions, log lines, stack frames): each line of ``verdict.txt`` and
+    ``stacks.txt`` and each string of ``verdict.json`` is redacted and escaped (``safe_text``); the
+    job's own words stay byte for byte only in ``output.raw.log``."""
     from ddpdoctor.causes.matcher import explain_text, first_failure
     from ddpdoctor.postmortem.explain import render_matches
     from ddpdoctor.postmortem.stacks import render_groups
@@ -479,17 +486,19 @@ def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: st
     if matches or first:
         lines += ["  " + line for line in render_matches(matches, f"explain ({RAW_LOG})", first)]
     lines.append(f"  saved in {run_dir} ({RAW_LOG}, stacks.txt, verdict.txt, verdict.json)")
+    lines = [safe_text(line) for line in lines]
     unsaved = _save(os.path.join(run_dir, "stacks.txt"), lambda: "".join(
-        f"--- {r.proc.label} (pid {r.proc.pid}), read with {r.method}: {r.place}\n{r.stack or r.error}\n"
-        for r in readings))
+        safe_text(line) + "\n" for r in readings
+        for line in [f"--- {r.proc.label} (pid {r.proc.pid}), read with {r.method}: {r.place}",
+                     *(r.stack or r.error).rstrip("\n").splitlines()]))
     unsaved += _save(os.path.join(run_dir, "verdict.txt"), lambda: "\n".join(lines) + "\n")
-    unsaved += _save(os.path.join(run_dir, "verdict.json"), lambda: json.dumps({
+    unsaved += _save(os.path.join(run_dir, "verdict.json"), lambda: json.dumps(safe_data({
         "schema": 1, "kind": kind, "headline": headline, "exit_code": code, "cause": cause, "first_failure": first,
         "causes": [m.to_dict() for m in matches],
         "stacks": [{"rank": r.proc.rank, "pid": r.proc.pid, "method": r.method, "place": r.place} for r in readings],
         "ranks": [{"rank": p.rank, "index": p.index, "pid": p.pid,
                    "state": "alive" if p.alive else (p.death() or "exited with code 0")} for p in watch.ranks()],
-        "deaths": [{"rank": p.rank, "pid": p.pid, "how": p.death()} for p in watch.deaths]}, indent=2))
+        "deaths": [{"rank": p.rank, "pid": p.pid, "how": p.death()} for p in watch.deaths]}), indent=2))
     if unsaved:
         lines.append(f"  not saved: {'; '.join(unsaved)}")
     return lines
@@ -712,7 +721,7 @@ def _report_interrupt(spec: RunSpec, rd: RunDir, watch: _Watch, tee: OutputCopy,
 
 def _say(spec: RunSpec, lines: list) -> None:
     try:
-        spec.err.write("\n".join(lines) + "\n")
+        spec.err.write("\n".join(safe_text(line) for line in lines) + "\n")  # quotes the job: redacted, escaped
         spec.err.flush()
     except (OSError, ValueError):
         pass

@@ -13,7 +13,7 @@ from ddpdoctor.check import WorldInfo
 from ddpdoctor.exitcodes import ExitCode
 from ddpdoctor.errors import UsageError
 from ddpdoctor.result import CheckResult, Status
-from ddpdoctor.system.redact import escape_undecodable, redact_text, safe_text
+from ddpdoctor.system.redact import redact_text, safe_data, safe_text
 
 __all__ = ["save_json", "RunReport", "SCHEMA", "write_json_file", "check_json_target", "redacted"]
 
@@ -72,15 +72,9 @@ class RunReport:
 
 
 def redacted(value: Any) -> Any:
-    """``value`` (JSON-like) with every string passed through :func:`~ddpdoctor.system.redact.redact_text`, and
-    undecodable bytes in strings and keys shown as ``\\xff`` (JSON that strict parsers read)."""
-    if isinstance(value, str):
-        return escape_undecodable(redact_text(value))
-    if isinstance(value, dict):
-        return {escape_undecodable(k) if isinstance(k, str) else k: redacted(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [redacted(v) for v in value]
-    return value
+    """``value`` (JSON-like) with every string redacted and escaped (:func:`~ddpdoctor.system.redact.safe_data`):
+    what the JSON report holds is what the terminal shows."""
+    return safe_data(value)
 
 
 def save_json(path: str, doc: Any, code: int) -> int:

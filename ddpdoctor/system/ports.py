@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ddpdoctor.result import Outcome, Status
+from ddpdoctor.system.redact import redact_argv, shorten
 
 __all__ = ["BindProbe", "bind_master", "probe_connect", "port_holder", "free_port"]
 
@@ -43,15 +44,18 @@ def one_line(text: str) -> str:
 
 
 def port_holder(port: int) -> Optional[str]:
-    """``"pid 1234 (python train.py)"`` for the process listening on ``port``, or None if unknown."""
+    """``"pid 1234 (python train.py)"`` for the process listening on ``port``, or None if unknown.
+
+    The command line is redacted before it is cut (``--password VALUE``, ``--api-key=...``, tokens):
+    a cut first could leave a fragment of a secret that nothing recognises."""
     try:
         import psutil
 
         for conn in psutil.net_connections(kind="inet"):
             if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
                 proc = psutil.Process(conn.pid)
-                cmd = " ".join(proc.cmdline()[:4]) or proc.name()
-                return f"pid {conn.pid} ({one_line(cmd)[:80]})"
+                cmd = " ".join(redact_argv(proc.cmdline())[:4]) or proc.name()
+                return f"pid {conn.pid} ({shorten(one_line(cmd), 80)})"
     except Exception:  # AccessDenied, a process that just exited, no psutil support
         return None
     return None

@@ -35,10 +35,14 @@ In each registered process it:
   ``coll-<pid>.txt``. ``DDPDOCTOR_STRAGGLER=0`` turns all of it off;
 * writes ``proc-<pid>.json`` (pid, role, rank, argv, ...) so the supervisor finds it, and
   ``exit-<pid>.json`` when it ends through Python (an uncaught exception with its frames, ``sys.exit``'s
-  or ``os._exit``'s code, or a normal end): a rank with no exit record was ended by a signal.
+  or ``os._exit``'s code, or a normal end): a rank with no exit record was ended by a signal. The
+  arguments and the exception's words go through ddpdoctor's redaction (``ddpdoctor/system/redact.py``,
+  loaded by its path, ``DDPDOCTOR_REDACT_PY``: this interpreter may not have ddpdoctor installed);
+  where it cannot be loaded, the arguments are left out.
 
 Then it imports the ``sitecustomize`` that was next on the path, if any. It imports nothing from
-torch or ddpdoctor, and never raises: a failure here must not break the user's job.
+torch, nor the ddpdoctor package (only the standard-library-only ``redact.py``, by path), and never
+raises: a failure here must not break the user's job.
 """
 
 import os
@@ -75,6 +79,23 @@ def _ddpdoctor_role():
 
 
 _ddpdoctor_state = {}
+
+
+def _ddpdoctor_redaction():
+    """ddpdoctor's redaction module, loaded by path (``DDPDOCTOR_REDACT_PY``), or None."""
+    path = os.environ.get("DDPDOCTOR_REDACT_PY")
+    if not path:
+        return None
+    try:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("_ddpdoctor_redact", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module.redact_argv(["--token", "x"])  # usable in this interpreter, or not at all
+        return module
+    except Exception:  # noqa: BLE001 - an older interpreter, an unreadable file: leave the arguments out
+        return None
 
 
 def _ddpdoctor_write_json(name, data):
@@ -227,8 +248,10 @@ def _ddpdoctor_install(role):
     interval = float(os.environ.get("DDPDOCTOR_BEAT_S", "1.0"))
     main_id = threading.main_thread().ident
     rank = os.environ.get("RANK") if role == "rank" else None
+    redaction = _ddpdoctor_redaction()
+    argv = list(getattr(sys, "argv", []) or [])
     info = {"pid": pid, "ppid": os.getppid(), "role": role, "rank": int(rank) if rank and rank.isdigit() else None,
-            "local_rank": os.environ.get("LOCAL_RANK"), "argv": list(getattr(sys, "argv", []) or []),
+            "local_rank": os.environ.get("LOCAL_RANK"), "argv": redaction.redact_argv(argv) if redaction else None,
             "signal": signame, "main_thread": main_id, "stack_file": stack_path, "beat_file": beat_path,
             "host": os.uname().nodename}
     stop = threading.Event()
@@ -310,7 +333,8 @@ def _ddpdoctor_install(role):
             # rule every verdict uses (ddpdoctor.system.stackframes.user_place), which skips this file's
             # own wrappers (the collective timing) and ddpdoctor's package as well as the libraries.
             frames = [[f.filename, f.lineno, f.name] for f in __import__("traceback").extract_tb(tb)][::-1][:64]
-            text = f"{kind.__name__}: {value}".splitlines()[0][:300]
+            text = (f"{kind.__name__}: {value}".splitlines() or [kind.__name__])[0][:4000]
+            text = redaction.shorten(text, 300) if redaction else text  # else run shortens it, redacting first
             ended("raised", exception=text, frames=frames)
         except Exception:  # noqa: BLE001
             pass
