@@ -268,7 +268,7 @@ def test_stacks_shows_no_secret_of_a_ranks_arguments(cli_env, tmp_path):
         job.send_signal(signal.SIGTERM)
         _, err = job.communicate(timeout=60)
     text = err.decode("utf-8", "replace")
-    assert "ddpdoctor run: stopped by SIGTERM" in text, text[-2000:]
+    assert "ddpdoctor run: interrupted by SIGTERM" in text, text[-2000:]
     _clean(text[text.index("ddpdoctor run:"):], "run stopped")
 
 
