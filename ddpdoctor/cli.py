@@ -147,7 +147,7 @@ class _Group(click.Group):
             sys.exit(ExitCode.USAGE)
         except (KeyboardInterrupt, Interrupted) as exc:
             why = exc.signame if isinstance(exc, Interrupted) else "SIGINT"
-            click.echo(f"interrupted ({why})", err=True)
+            click.echo(f"interrupted by {why}; exit {int(ExitCode.INTERRUPTED)}", err=True)
             sys.exit(ExitCode.INTERRUPTED)
         except OSError as exc:
             if not _stdout_error(exc):
