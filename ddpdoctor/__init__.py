@@ -21,7 +21,7 @@ _LIBRARY = (
     "BarrierTimeoutError", "gather", "all_gather", "gather_object", "gather_for_metrics", "collect_results",
     "reduce_dict", "all_reduce_mean", "CollectiveMismatchError", "load_checkpoint", "CheckpointError",
     "worker_init_fn", "gather_all_tensors", "pad_across_processes", "reduce", "all_reduce_params",
-    "CollectiveTimeoutError", "DEFAULT_TIMEOUT",
+    "CollectiveTimeoutError", "DEFAULT_TIMEOUT", "exit_now",
 )
 _EXPORTS = {name: "ddpdoctor.training" for name in _LIBRARY}
 _EXPORTS |= {

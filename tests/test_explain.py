@@ -139,6 +139,27 @@ def test_recorded_torchrun_log_names_the_killed_rank():
 
 
 @pytest.mark.timeout(10)
+def test_recorded_teardown_abort_names_the_aborted_rank_not_the_one_torchrun_stopped():
+    # The README example under torchrun (torch 2.13, gloo), recorded here: rank 0 aborted at exit after
+    # the job's work finished; torchrun then sent rank 1 SIGTERM. Neither is a training failure, and
+    # rank 1 is no cause at all.
+    with open(os.path.join(DATA, "torchrun-teardown-abort-2ranks.log")) as f:
+        text = f.read()
+    found = {m.cause.id: m for m in explain_text(text)}
+    assert list(found) == ["teardown-abort"]  # not killed-by-signal: the SIGTERM was torchrun's own
+    m = found["teardown-abort"]
+    assert m.ranks == {0} and m.evidence == "terminate called without an active exception"
+    assert m.meaning.startswith("The job's work finished; rank 0 aborted during interpreter teardown: a torch/gloo "
+                                "exit bug, not a training failure.")
+    assert m.meaning.endswith("torchrun then stopped rank 1 with SIGTERM: a consequence, not a cause.")
+    assert "ddpdoctor.exit_now()" in m.fix
+    # A rank's own prefixed line names the rank without torchrun's summary.
+    prefixed = explain_text("[rank3]:terminate called without an active exception\n")
+    assert [(x.cause.id, x.ranks) for x in prefixed] == [("teardown-abort", {3})]
+    assert prefixed[0].meaning.startswith("The job's work finished; rank 3 aborted during interpreter teardown")
+
+
+@pytest.mark.timeout(10)
 def test_every_cause_is_complete_and_unknown_text_says_so():
     assert len({c.id for c in CAUSES}) == len(CAUSES)
     for c in CAUSES:

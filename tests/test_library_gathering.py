@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from ddpdoctor.training import (CollectiveMismatchError, all_reduce_mean, collect_results, gather, gather_for_metrics,
-                            gather_object, reduce_dict)
+                            gather_object, reduce, reduce_dict)
 from worlds import run_world
 
 _LAUNCH = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
@@ -183,6 +183,59 @@ def test_reduce_dict_and_all_reduce_mean_are_valid_on_every_rank():
         assert total["count"] == 6 and isinstance(total["count"], int)
         assert torch.equal(total["vec"], torch.tensor([3, 6]))
         assert torch.equal(mean, torch.tensor([[1.0, 1.0], [2.0, 1.0]]))
+
+
+def _overflow(call):
+    """The OverflowError text of ``call()``, or its result: a wrapped value must never come back."""
+    try:
+        return ("result", call())
+    except OverflowError as exc:
+        return ("overflow", str(exc))
+
+
+def _exact_sums(rank, world):
+    big = 40_000  # 320 KB of int64: past the eager part, so one all_reduce per dtype carries it
+    sign = -1 if rank % 2 else 1
+    return {
+        "reduce_dict": reduce_dict({"a": 2**62, "huge": 10**40 * (rank + 1), "neg": -(2**63)}, average=False),
+        "mean": reduce_dict({"a": 2**62 + 1, "f": 0.1}),
+        "max": reduce({"m": sign * 2**62, "t": torch.tensor([rank, -rank])}, "max"),
+        "small": _overflow(lambda: reduce({"t": torch.tensor([1, 2**62])}, "sum")),
+        "negative": _overflow(lambda: reduce({"t": torch.tensor(-(2**62) - 1)}, "sum")),
+        "int32": _overflow(lambda: reduce(torch.full((2,), 2**30, dtype=torch.int32), "sum")),
+        "uint8": _overflow(lambda: reduce_dict({"u": torch.tensor([200], dtype=torch.uint8)}, average=False)),
+        "int_mean": _overflow(lambda: reduce(torch.tensor([2**62]), "mean")),
+        "large": _overflow(lambda: reduce(torch.full((big,), 2**62), "sum")),
+        "large_mean": _overflow(lambda: reduce(torch.full((big,), 2**62), "mean")),
+        "fits": reduce(torch.full((big,), 2**62 // world), "sum")[:2].tolist(),
+        "after": reduce_dict({"n": torch.tensor([rank, 1])}, average=False),  # the next call is still aligned
+    }
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("world", [2, 3])
+def test_integer_sums_are_exact_or_raise_overflow_on_every_rank(world):
+    # reduce_dict({"a": 2**62}) over 2 ranks used to return -9223372036854775808: a wrapped int64.
+    results = run_world(_exact_sums, world, timeout=60)
+    first = results[0]
+    for out in results:
+        assert out["reduce_dict"] == {"a": world * 2**62, "huge": 10**40 * world * (world + 1) // 2,
+                                      "neg": -world * 2**63}
+        assert all(type(v) is int for v in out["reduce_dict"].values())
+        assert out["mean"] == {"a": float(2**62 + 1), "f": sum([0.1] * world) / world}  # float64, not float32
+        assert out["max"]["m"] == 2**62 and torch.equal(out["max"]["t"], torch.tensor([world - 1, 0]))
+        for key in ("small", "negative", "int32", "uint8", "int_mean", "large", "large_mean"):
+            # The same error on every rank, naming the value, the exact sum and the dtype's range.
+            assert out[key] == first[key] and out[key][0] == "overflow", (key, out[key])
+        assert first["small"][1] == (f"reduce(): the sum of t (element 1) over {world} ranks is {world * 2**62}, "
+                                     f"outside int64's range [-9223372036854775808, 9223372036854775807]; reduce "
+                                     f"it as a Python int (exact at any size) or in float64")
+        assert f"is {-world * (2**62 + 1)}, outside int64's range" in first["negative"][1]
+        assert f"is {world * 2**30}, outside int32's range [-2147483648, 2147483647]" in first["int32"][1]
+        assert f"the result for u over {world} ranks is {world * 200}, outside uint8's range" in first["uint8"][1]
+        assert f"is {world * 2**62}, outside int64's range" in first["large"][1]
+        assert out["fits"] == [2**62 // world * world] * 2
+        assert torch.equal(out["after"]["n"], torch.tensor([world * (world - 1) // 2, world]))
 
 
 # --- gather_for_metrics ----------------------------------------------------------------------------

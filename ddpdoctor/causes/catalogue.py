@@ -426,6 +426,19 @@ CAUSES: tuple = (
           "ddpdoctor check --only process-group (memory held on a GPU that is not the rank's own)",
           "torch.cuda.set_device(local_rank) first, and torch.load(path, map_location='cpu') (or "
           "map_location=f'cuda:{local_rank}')"),
+    Cause("teardown-abort", "a finished job aborted at interpreter exit (a torch/gloo exit bug)",
+          (r"terminate called without an active exception",),
+          "The job's work finished; {rank} aborted during interpreter teardown: a torch/gloo exit bug, not a "
+          "training failure. A gloo worker thread was still dropping the last collective's work (which takes "
+          "the GIL) when the interpreter began finalizing; CPython ends such a thread inside a noexcept C++ "
+          "destructor, and std::terminate aborts the process (SIGABRT). torchrun then stops the other ranks "
+          "with SIGTERM and reports the job as failed.",
+          "the rank's exit code is -6 (SIGABRT) and no Python traceback comes before the line; in a core dump "
+          "(ulimit -c unlimited; gdb python core; thread apply all bt) the aborting thread is pt_gloo_runloop "
+          "in take_gil",
+          "import ddpdoctor (or ddpdoctor.diagnostics) in the training script: its exit hook waits until gloo's "
+          "worker threads are idle before the interpreter finalizes; or end the script with "
+          "ddpdoctor.exit_now() to skip the interpreter's teardown"),
     Cause("peer-closed", "a peer rank went away",
           (r"Connection closed by peer", r"Connection reset by peer",
            r"Failed to recv, got 0 bytes\. Connection was likely closed"),

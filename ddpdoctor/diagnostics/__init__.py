@@ -17,6 +17,7 @@ from ddpdoctor.diagnostics.batchnorm import bn_divergence, sync_bn_stats
 from ddpdoctor.diagnostics.desync import DesyncError, TensorMismatch, assert_in_sync
 from ddpdoctor.diagnostics.sampler_guard import (SamplerEpochWarning, SamplerMismatchWarning, SamplerWarning,
                                                  guard_sampler)
+from ddpdoctor.training.teardown import exit_now  # importing it registers the library's exit hook
 
 __all__ = [
     "DesyncError",
@@ -26,6 +27,7 @@ __all__ = [
     "TensorMismatch",
     "assert_in_sync",
     "bn_divergence",
+    "exit_now",
     "guard_sampler",
     "sync_bn_stats",
 ]

@@ -2,7 +2,7 @@
 
 Ranks and devices (:mod:`.ranks`), launcher detection (:mod:`.launcher`), ordering between ranks such
 as ``zero_first`` and barriers (:mod:`.ordering`), gathers and reductions (:mod:`.gathering`) and
-checkpoint loading (:mod:`.loading`). This package's ``__all__`` is the public library;
+checkpoint loading (:mod:`.loading`) and the end of the process (:mod:`.teardown`). This package's ``__all__`` is the public library;
 ``ddpdoctor/__init__.py`` re-exports it.
 
 May import: ``ddpdoctor.system`` and the shared bottom (``errors``, ``exitcodes``) only.
@@ -18,6 +18,7 @@ from ddpdoctor.training.loading import CheckpointError, load_checkpoint
 from ddpdoctor.training.ordering import (BarrierTimeoutError, ZeroFirstError, barrier, main_process_first, print0,
                                      rank_zero_first, rank_zero_only, rank_zero_print, seed_everything, synchronize,
                                      wait_for_everyone, worker_init_fn, zero_first)
+from ddpdoctor.training.teardown import exit_now
 from ddpdoctor.training.ranks import (NotInitializedError, RankConflictWarning, RankInfo, get_local_rank,
                                   get_local_world_size, get_node_rank, get_rank, get_world_size, is_distributed,
                                   is_main_process, rank_device, rank_info)
@@ -37,4 +38,6 @@ __all__ = [
     "CollectiveMismatchError", "CollectiveTimeoutError", "DEFAULT_TIMEOUT",
     # loading
     "load_checkpoint", "CheckpointError",
+    # the end of the process
+    "exit_now",
 ]

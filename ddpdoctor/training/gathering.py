@@ -761,8 +761,83 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32
 
 
+def _is_python_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# Integer sums travel as two int64 limbs per element (t == high * 2**32 + low, low in [0, 2**32)): each
+# limb's sum over any world below 2**31 ranks fits int64, so the exact sum is known and an overflow of
+# the result's dtype is seen, never wrapped.
+_LOW_BITS = (1 << 32) - 1
+
+
+def _limbs(t: torch.Tensor) -> torch.Tensor:
+    return torch.cat([t & _LOW_BITS, t >> 32])
+
+
+def _is_limbed(dtype: torch.dtype, reduction: str) -> bool:
+    return dtype == torch.int64 and reduction in ("sum", "mean")
+
+
+def _from_limbs(limbs: torch.Tensor, dtype: torch.dtype, what: str, name: str, world: int) -> torch.Tensor:
+    """The exact sum from its summed limbs; OverflowError when it does not fit ``dtype``.
+
+    Every rank holds the same limbs (reduced in rank order from one exchange, or by all_reduce), so
+    every rank raises the same error after the same collectives: the next call starts aligned.
+    """
+    n = limbs.numel() // 2
+    low, high = limbs[:n], limbs[n:]
+    high = high + (low >> 32)
+    low = low & _LOW_BITS
+    info = torch.iinfo(dtype) if dtype != torch.bool else torch.iinfo(torch.int64)
+    # exact = high * 2**32 + low lies in [info.min, info.max] iff (high, low) does, compared limb-wise
+    too_big = (high > info.max >> 32) | ((high == info.max >> 32) & (low > info.max & _LOW_BITS))
+    too_small = (high < info.min >> 32) | ((high == info.min >> 32) & (low < info.min & _LOW_BITS))
+    bad = (too_big | too_small).nonzero()
+    if bad.numel():
+        i = int(bad[0, 0])
+        exact = int(high[i]) * (1 << 32) + int(low[i])
+        where = name if n == 1 else f"{name} (element {i})"
+        raise OverflowError(f"{what}: the sum of {where} over {world} ranks is {exact}, outside "
+                            f"{_dtype_name(dtype)}'s range [{info.min}, {info.max}]; reduce it as a Python int "
+                            f"(exact at any size) or in float64")
+    return (high << 32) | low
+
+
+def _int_bytes(values: Sequence[int]) -> bytes:
+    """Python ints as length-prefixed two's-complement bytes: exact at any size."""
+    out = bytearray()
+    for v in values:
+        b = v.to_bytes(v.bit_length() // 8 + 1, "little", signed=True)
+        out += len(b).to_bytes(4, "little") + b
+    return bytes(out)
+
+
+def _ints_from(raw: bytes) -> list[int]:
+    out, i = [], 0
+    while i < len(raw):
+        k = int.from_bytes(raw[i:i + 4], "little")
+        out.append(int.from_bytes(raw[i + 4:i + 4 + k], "little", signed=True))
+        i += 4 + k
+    return out
+
+
+def _reduce_ints(values: list[int], reduction: str, world: int) -> Union[int, float]:
+    """One Python int leaf over the ranks, exactly (a mean is the correctly rounded quotient)."""
+    if reduction == "max":
+        return max(values)
+    if reduction == "min":
+        return min(values)
+    return sum(values) / world if reduction == "mean" else sum(values)
+
+
 def _reduce_leaves(what: str, data: Any, reduction: str, group: Any, timeout: float, tag: str = "") -> Any:
-    """Reduce every tensor / number of a nested structure; integer sums exact, structure kept."""
+    """Reduce every tensor / number of a nested structure; integer sums exact, structure kept.
+
+    Python ints travel as bytes and are reduced as Python ints (exact at any size); Python floats in
+    float64; integer tensors as exact int64 limbs, so a sum outside the result's dtype raises
+    OverflowError on every rank instead of wrapping.
+    """
     ranks = _local_world(what, group)
     failed: Optional[BaseException] = None
     leaves: list[Any] = []
@@ -774,72 +849,110 @@ def _reduce_leaves(what: str, data: Any, reduction: str, group: Any, timeout: fl
         if ranks is None:
             raise
         failed = exc
-    tensors = [torch.as_tensor(v) for v in leaves]
+    paths = _paths(data, _shape_text) if failed is None else None
+    names = list(paths) if paths else ["the input"] * len(leaves)
+    exact = [i for i, v in enumerate(leaves) if _is_python_int(v)]
+    numeric = [i for i, v in enumerate(leaves) if not _is_python_int(v)]
+    tensors = {i: torch.as_tensor(leaves[i], dtype=torch.float64 if isinstance(leaves[i], float) else None)
+               for i in numeric}
     divided = False  # floating buckets already divided by the world size (large means)
+    reduced: dict[int, Any] = {}
     if ranks is None:
-        summed = [t.detach().to(_compute_dtype(t.dtype), copy=True) for t in tensors]
         world = 1
+        reduced = {i: t.detach().to(_compute_dtype(t.dtype), copy=True) for i, t in tensors.items()}
+        reduced.update({i: _reduce_ints([leaves[i]], reduction, 1) for i in exact})
     else:
         world = len(ranks)
         device = rank_device()
-        work = [t.detach().reshape(-1).to(device, _compute_dtype(t.dtype)) for t in tensors]
+        work = {i: t.detach().reshape(-1).to(device, _compute_dtype(t.dtype)) for i, t in tensors.items()}
         buckets: dict[torch.dtype, list[int]] = {}
-        for i, t in enumerate(work):
-            buckets.setdefault(t.dtype, []).append(i)
+        for i in numeric:
+            buckets.setdefault(work[i].dtype, []).append(i)
         order = sorted(buckets, key=str)
-        flats = [torch.cat([work[i] for i in buckets[d]]) if buckets[d] else None for d in order]
+        flats = [torch.cat([work[i] for i in buckets[d]]) for d in order]
         nbytes = sum(f.numel() * f.element_size() for f in flats)
         structure = _describe(data, _shape_text) if failed is None else "?"
         cap = group_state(group).capacity
         eager = nbytes <= cap
-        payload = torch.cat([f.view(-1).view(torch.uint8) for f in flats]) if flats and eager else None
-        _, _, out = _gather_bytes(what, payload, group=group, timeout=timeout, ranks=ranks,
-                                             digest=f"{reduction}|{structure}|{tag}", text=f"{reduction} of {tag or structure}",
-                                             failed=failed, detail=None if failed is not None or tag
-                                             else _paths(data, _shape_text))
+        parts = [f.view(-1).view(torch.uint8) for f in flats] if eager else []
+        if exact:
+            parts.append(torch.frombuffer(bytearray(_int_bytes([leaves[i] for i in exact])), dtype=torch.uint8))
+        payload = torch.cat(parts).to(device) if parts else None
+        _, lengths, out = _gather_bytes(what, payload, group=group, timeout=timeout, ranks=ranks,
+                                        digest=f"{reduction}|{structure}|{tag}", text=f"{reduction} of {tag or structure}",
+                                        failed=failed, detail=None if failed is not None or tag else paths)
+        offsets = [0, *itertools.accumulate(lengths)]
+        segments = [out[offsets[r]:offsets[r + 1]] for r in range(world)]
+        head = nbytes if eager else 0
         if eager:  # every rank's values came with the agreement: reduce here, in rank order, alike everywhere
-            results = []
-            per_rank = out.view(world, -1) if nbytes else None
+            results, start = [], 0
             for b, d in enumerate(order):
-                start = sum(f.numel() * f.element_size() for f in flats[:b])
                 k = flats[b].numel() * flats[b].element_size()
-                parts = [per_rank[r, start:start + k].clone().view(d) for r in range(world)]
-                results.append(_combine(parts, reduction))
+                per_rank = [segments[r][start:start + k].clone().view(d) for r in range(world)]
+                results.append(_combine(per_rank, reduction))
+                start += k
         else:
             op = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
                   "min": dist.ReduceOp.MIN}[reduction]
-            for f in flats:
+            results = [_limbs(f) if _is_limbed(f.dtype, reduction) else f for f in flats]
+            for f in results:  # every collective first: an overflow raised afterwards leaves the calls aligned
                 dist.all_reduce(f, op=op, group=group)
                 if reduction == "mean" and f.is_floating_point():
                     f /= world
-            results, divided = flats, True
-        summed = [None] * len(work)
+            divided = True
         for b, d in enumerate(order):
-            offset = 0
+            offset, limbed = 0, _is_limbed(d, reduction)
             for i in buckets[d]:
                 n = work[i].numel()
-                summed[i] = results[b][offset:offset + n].view(tensors[i].shape)
+                if limbed:
+                    both = torch.cat([results[b][offset:offset + n], results[b][flats[b].numel() + offset:][:n]])
+                    reduced[i] = _from_limbs(both, torch.int64, what, names[i], world)
+                else:
+                    reduced[i] = results[b][offset:offset + n]
+                reduced[i] = reduced[i].view(tensors[i].shape)
                 offset += n
-    out_leaves = []
-    for value, t, s in zip(leaves, tensors, summed):
-        if reduction == "mean" and not (divided and s.is_floating_point()):
-            s = (torch.div(s, world, rounding_mode="trunc") if not s.is_floating_point() and not s.is_complex()
-                 and isinstance(value, torch.Tensor) and value.dtype != torch.bool else s / world)
-        if isinstance(value, torch.Tensor):
-            dtype = value.dtype
-            if value.dtype == torch.bool:
-                dtype = torch.int64 if reduction == "sum" else (torch.bool if reduction != "mean" else torch.get_default_dtype())
-            out_leaves.append(s.to(value.device, dtype).reshape(value.shape))
-        elif isinstance(value, bool):
-            out_leaves.append(int(s.item()) if reduction == "sum" else (s.item() if reduction == "mean" else bool(s.item())))
-        elif isinstance(value, int) and reduction != "mean":
-            out_leaves.append(int(s.item()))
-        else:
-            out_leaves.append(float(s.item()))
+        if exact:
+            per_rank_ints = [_ints_from(_to_bytes(segments[r][head:])) for r in range(world)]
+            for j, i in enumerate(exact):
+                reduced[i] = _reduce_ints([ints[j] for ints in per_rank_ints], reduction, world)
+    out_leaves = [_leaf_result(v, reduced[i], reduction, world, divided, what, names[i]) for i, v in enumerate(leaves)]
     return _rebuild(data, out_leaves)
 
 
+def _leaf_result(value: Any, s: Any, reduction: str, world: int, divided: bool, what: str, name: str) -> Any:
+    """One reduced leaf in the caller's type: a tensor keeps its dtype (range-checked), a number its kind."""
+    if _is_python_int(value):
+        return s
+    if reduction == "mean" and not (divided and s.is_floating_point()):
+        s = (torch.div(s, world, rounding_mode="trunc") if not s.is_floating_point() and not s.is_complex()
+             and isinstance(value, torch.Tensor) and value.dtype != torch.bool else s / world)
+    if isinstance(value, torch.Tensor):
+        dtype = value.dtype
+        if value.dtype == torch.bool:
+            dtype = torch.int64 if reduction == "sum" else (torch.bool if reduction != "mean" else torch.get_default_dtype())
+        elif not (dtype.is_floating_point or dtype.is_complex) and dtype != torch.int64 and s.numel():
+            _check_range(s, dtype, what, name, world)
+        return s.to(value.device, dtype).reshape(value.shape)
+    if isinstance(value, bool):
+        return int(s.item()) if reduction == "sum" else (s.item() if reduction == "mean" else bool(s.item()))
+    return float(s.item())
+
+
+def _check_range(s: torch.Tensor, dtype: torch.dtype, what: str, name: str, world: int) -> None:
+    """OverflowError when an exact int64 result does not fit the caller's narrower integer dtype."""
+    info = torch.iinfo(dtype)
+    bad = ((s < info.min) | (s > info.max)).reshape(-1).nonzero()
+    if bad.numel():
+        i = int(bad[0, 0])
+        where = name if s.numel() == 1 else f"{name} (element {i})"
+        raise OverflowError(f"{what}: the result for {where} over {world} ranks is {int(s.reshape(-1)[i])}, outside "
+                            f"{_dtype_name(dtype)}'s range [{info.min}, {info.max}]; convert the tensor to int64 "
+                            f"(or reduce it as a Python int) first")
+
+
 def _combine(parts: list[torch.Tensor], reduction: str) -> torch.Tensor:
+    if _is_limbed(parts[0].dtype, reduction):  # exact: the limbs' sums cannot overflow
+        parts = [_limbs(p) for p in parts]
     acc = parts[0].clone()
     for p in parts[1:]:
         if reduction in ("sum", "mean"):
@@ -856,9 +969,10 @@ def reduce(data: Any, reduction: str = "mean", *, group: Any = None, timeout: fl
 
     ``data`` is a tensor, a number, or a nested dict / list / tuple of them; the result has the same
     structure and is valid on every rank. ``reduction`` is ``"sum"``, ``"mean"``, ``"max"`` or
-    ``"min"``. Integer sums are exact (int64, never through floats); every tensor keeps its dtype
-    (an integer mean rounds toward zero, as mmengine's ``all_reduce``; a bool sum is int64); Python
-    ints stay ints except for a mean. Small inputs travel with the agreement step and are reduced
+    ``"min"``. Integer sums are exact or raise, never wrap: Python ints are summed as Python ints
+    at any size, integer tensors exactly (never through floats); Python floats in float64. Every
+    tensor keeps its dtype (an integer mean rounds toward zero, as mmengine's ``all_reduce``; a bool
+    sum is int64); Python ints stay ints except for a mean. Small inputs travel with the agreement step and are reduced
     in rank order on every rank (one collective, bitwise identical everywhere); large ones take one
     all_reduce per dtype.
 
@@ -866,6 +980,8 @@ def reduce(data: Any, reduction: str = "mean", *, group: Any = None, timeout: fl
         CollectiveMismatchError: on every rank, when ranks pass different structures, keys, dtypes,
             shapes or reductions; names each rank's input.
         CollectiveTimeoutError: some rank of the group did not call within ``timeout``.
+        OverflowError: on every rank, when an integer tensor's sum does not fit its dtype (int64 for
+            an int64 tensor); names the value and the exact sum. The next call is still aligned.
     """
     return _reduce_leaves("reduce()", data, reduction, group, check_timeout("reduce()", timeout))
 
@@ -880,6 +996,7 @@ def reduce_dict(d: Mapping[Any, Any], average: bool = True, *, group: Any = None
         CollectiveMismatchError: on every rank, when ranks have different keys or shapes; names
             each rank's keys and shapes.
         NotInitializedError: several processes were launched but no process group exists.
+        OverflowError: on every rank, when an integer tensor's sum does not fit its dtype.
     """
     what = "reduce_dict()"
     timeout = check_timeout(what, timeout)

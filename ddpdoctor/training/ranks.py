@@ -7,7 +7,6 @@ exists, its rank and world size win. Nothing here initializes a process group or
 
 from __future__ import annotations
 
-import atexit
 import logging
 import warnings
 from dataclasses import dataclass, field
@@ -36,26 +35,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-def _destroy_at_exit() -> None:
-    """Tear down a process group still alive when the interpreter exits, while it is still whole.
-
-    A script that never calls ``destroy_process_group()`` (most do not) leaves gloo's worker threads
-    holding work objects with Python tensors; interpreter finalization then destroys them without the
-    GIL and the process aborts ("terminate called without an active exception", SIGABRT) about one
-    exit in eight. Destroying the group here, in an atexit handler, runs that teardown while Python is
-    still alive. A no-op when the script destroyed its group itself or never made one, and for other
-    backends (NCCL's teardown may wait on a peer; torch only warns there).
-    """
-    try:
-        if dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
-            dist.destroy_process_group()
-    except Exception as exc:  # noqa: BLE001 - exiting anyway; never turn a clean exit into a traceback
-        logger.debug("destroy_process_group at exit failed: %s", exc)
-
-
-atexit.register(_destroy_at_exit)
 
 
 class RankConflictWarning(UserWarning):
