@@ -134,8 +134,8 @@ class _Group(click.Group):
             cmd = exc.ctx.command_path if exc.ctx else "ddpdoctor"
             click.echo(f"error[usage]: {exc.format_message()}; see '{cmd} --help'", err=True)
             sys.exit(ExitCode.USAGE)
-        except click.Abort:
-            click.echo("interrupted", err=True)
+        except click.Abort:  # click's word for a Ctrl-C it caught itself
+            click.echo(f"interrupted by SIGINT; exit {int(ExitCode.INTERRUPTED)}", err=True)
             sys.exit(ExitCode.INTERRUPTED)
         except DdpdoctorError as exc:
             click.echo(exc.one_line(), err=True)
