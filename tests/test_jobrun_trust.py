@@ -259,3 +259,44 @@ def test_no_frame_of_ddpdoctor_stands_in_for_the_users_line():
               ["/home/me/proj/train.py", 88, "step"]]
     assert user_place(frames) == "step (/home/me/proj/train.py:88)"
     assert user_place(frames[:3]) == ""  # none is the user's: nothing named, never ddpdoctor's
+
+
+TEARDOWN_ABORT = r'''
+import atexit, os, sys, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+t = torch.ones(4)
+for step in range(3):
+    dist.all_reduce(t)
+dist.barrier()
+print(f"rank {rank}: training done", flush=True)
+if rank == 0:
+    # what the gloo teardown bug prints and does, after the exit handlers ran: abort (SIGABRT)
+    def teardown():
+        sys.stderr.write("terminate called without an active exception\n")
+        sys.stderr.flush()
+        os.abort()
+    atexit.register(teardown)
+else:
+    time.sleep(30)  # still tearing down when torchrun stops it
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_rank_aborting_in_teardown_is_the_cause_not_the_rank_torchrun_stopped(cli_env, tmp_path):
+    """torchrun SIGTERMs the healthy rank when the other aborts at exit; the verdict names the abort in
+    teardown (the work finished), never the SIGTERMed rank."""
+    script = write_script(tmp_path, "teardown.py", TEARDOWN_ABORT)
+    p = subprocess.run(CMD + ["--hang-timeout", "60", "--dir", str(tmp_path / "run"), "--",
+                              *torchrun(script)], env=cli_env, capture_output=True, text=True, timeout=150)
+    assert p.returncode != 0, p.stderr[-3000:]
+    verdict = p.stderr[p.stderr.index("ddpdoctor run:"):]
+    first = verdict.splitlines()[0]
+    assert "cause: The job's work finished; " in first and "aborted during interpreter teardown" in first, verdict
+    assert "rank 1" not in first, verdict
+    saved = json.loads((tmp_path / "run" / "verdict.json").read_text())
+    assert "aborted during interpreter teardown" in saved["cause"], saved

@@ -464,6 +464,11 @@ def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: st
         cause = f"{dead.label} {dead.death()}"
     if first and (dead is None or dead.end is None or dead.end.get("how") != "raised"):
         cause = first  # the launcher's report names the exception when the hook could not (mp.spawn, torchrun)
+    teardown = next((m for m in matches if m.cause.id == "teardown-abort"), None)
+    if teardown is not None and (dead is None or dead.end is None or dead.end.get("how") != "raised"):
+        # the work finished and a rank aborted in the interpreter's teardown: the launcher then SIGTERMed the
+        # others, whose deaths are its consequence (never the cause)
+        cause = teardown.meaning.split(". ")[0].replace("{rank}", "a rank")
     lines = [f"ddpdoctor run: {headline}" + (f"; cause: {cause}" if cause and kind == "failed" else "")]
     if kind != "failed" and cause:
         lines.append(f"  before it {'hung' if kind == 'hung' else 'was interrupted'}: {cause}")
