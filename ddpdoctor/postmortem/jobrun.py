@@ -56,6 +56,7 @@ from typing import IO, Optional
 
 from ddpdoctor.exitcodes import ExitCode
 from ddpdoctor.postmortem.straggle import StragglerWatch
+from ddpdoctor.postmortem.watches import Watches, watch_env, window_from_env
 from ddpdoctor.system.stackframes import shown_where
 
 __all__ = ["RunSpec", "run_job", "job_env", "default_runs_root", "RAW_LOG", "DEATH_GRACE"]
@@ -67,7 +68,8 @@ CPU_MIN_S = 0.03  # ... and at least this many CPU seconds: a rank waiting in a 
 DEATH_GRACE = 5.0  # seconds the others may sit idle after a rank died before the verdict (capped by hang_timeout)
 RAW_LOG = "output.raw.log"  # the job's bytes as written, unredacted: mode 0600
 _OWN_FILES = ("proc-*.json", "beat-*", "coll-*.txt", "stacks-*.txt", "exit-*.json", ".proc-*", ".exit-*", RAW_LOG, "stacks.txt",
-              "verdict.txt", "verdict.json", "flight-recorder-rank*")
+              "verdict.txt", "verdict.json", "flight-recorder-rank*", "finding-*.json", ".finding-*", "desync-*",
+              ".desync-*")
 
 
 @dataclass
@@ -84,6 +86,7 @@ class RunSpec:
         stop_grace: seconds between SIGTERM and SIGKILL when stopping a job.
         straggler_window, straggler_windows: the straggler score's window (seconds) and how many
             windows in a row a rank must score low to be named.
+        no_watch: the watches for silent bugs to turn off (:data:`ddpdoctor.postmortem.watches.WATCHES`).
     """
 
     command: list
@@ -95,6 +98,7 @@ class RunSpec:
     stack_wait: float = 3.0
     straggler_window: float = 60.0
     straggler_windows: int = 3
+    no_watch: tuple = ()
     err: IO = field(default_factory=lambda: sys.stderr)
 
 
@@ -197,20 +201,30 @@ def _prepare_dir(spec: RunSpec) -> _RunDir:
         if os.path.islink(inject):
             os.unlink(inject)
         os.makedirs(inject, mode=0o700, exist_ok=True)
-        target = os.path.join(inject, "sitecustomize.py")
-        if os.path.lexists(target):
-            os.unlink(target)
-        with open(os.path.join(os.path.dirname(__file__), "inject", "sitecustomize.py"), "rb") as src:
-            data = src.read()
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        for source, name in _inject_files():
+            target = os.path.join(inject, name)
+            if os.path.lexists(target):
+                os.unlink(target)
+            with open(source, "rb") as src:
+                data = src.read()
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
     except OSError as exc:
         raise UsageError("run-dir", f"cannot use --dir {shown}: {exc.strerror or exc}" if explicit else
                          f"cannot create the run directory {path}: {exc.strerror or exc}",
                          "pass a writable directory with --dir" if explicit else
                          "set XDG_STATE_HOME to a writable directory, or pass --dir") from None
     return _RunDir(path, inject, created)
+
+
+def _inject_files() -> list:
+    """(source, name in ``.inject``): the hook, the watches (:mod:`ddpdoctor.postmortem.watches`) and the
+    library's fingerprint they use, as files: the job's interpreter need not be able to import ddpdoctor."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return [(os.path.join(here, "inject", "sitecustomize.py"), "sitecustomize.py"),
+            (os.path.join(here, "inject", "_ddpdoctor_watches.py"), "_ddpdoctor_watches.py"),
+            (os.path.join(os.path.dirname(here), "diagnostics", "fingerprint.py"), "_ddpdoctor_fingerprint.py")]
 
 
 def _clear_own_files(path: str) -> None:
@@ -633,7 +647,7 @@ def _tail(path: str, limit: int = 8 << 20) -> str:
 
 
 def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: str, readings: list,
-             code: Optional[int] = None) -> list:
+             code: Optional[int] = None, watches: Optional[Watches] = None) -> list:
     """The verdict: cause first, then where the others were, the launcher's part, explain; saved."""
     from ddpdoctor.causes.matcher import explain_text, first_failure
     from ddpdoctor.postmortem.explain import render_matches
@@ -667,6 +681,8 @@ def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: st
                      "cause")
     if matches or first:
         lines += ["  " + line for line in render_matches(matches, f"explain ({RAW_LOG})", first)]
+    if watches is not None and watches.findings:
+        lines += [f"  silent bug: {line}" for line in watches.summary()]
     lines.append(f"  saved in {run_dir} ({RAW_LOG}, stacks.txt, verdict.txt, verdict.json)")
     _write_private(os.path.join(run_dir, "stacks.txt"), "".join(
         f"--- {r.proc.label} (pid {r.proc.pid}), read with {r.method}: {r.place}\n{r.stack or r.error}\n"
@@ -678,7 +694,8 @@ def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: st
         "stacks": [{"rank": r.proc.rank, "pid": r.proc.pid, "method": r.method, "place": r.place} for r in readings],
         "ranks": [{"rank": p.rank, "index": p.index, "pid": p.pid,
                    "state": "alive" if p.alive else (p.death() or "exited with code 0")} for p in watch.ranks()],
-        "deaths": [{"rank": p.rank, "pid": p.pid, "how": p.death()} for p in watch.deaths]}, indent=2))
+        "deaths": [{"rank": p.rank, "pid": p.pid, "how": p.death()} for p in watch.deaths],
+        "findings": watches.to_json() if watches is not None else []}, indent=2))
     return lines
 
 
@@ -694,11 +711,13 @@ def run_job(spec: RunSpec) -> int:
     """
     from ddpdoctor.errors import UsageError
 
+    window = window_from_env(dict(os.environ))
     rd = _prepare_dir(spec)
     run_dir = rd.path
     run_id = uuid.uuid4().hex
     env = job_env(run_dir, rd.inject, dict(os.environ), run_id)
     env.setdefault("DDPDOCTOR_BEAT_S", f"{max(0.05, min(1.0, spec.hang_timeout / 10)):g}")
+    env.update(watch_env(spec.no_watch))
     tee = _Tee(os.path.join(run_dir, RAW_LOG))
     watchdog = _Watchdog(run_id)  # first: from here on, our death takes the job with it
     started = time.monotonic()
@@ -716,6 +735,7 @@ def run_job(spec: RunSpec) -> int:
     tee.start(proc.stderr, sys.stderr.buffer)
     watch = _Watch(run_dir)
     stragglers = StragglerWatch(run_dir, spec.straggler_window, spec.straggler_windows)
+    watches = Watches(run_dir, window, env, float(env["DDPDOCTOR_BEAT_S"]), max(POLL, min(1.0, spec.hang_timeout / 20)))
     forwarded: list = []
 
     def forward(signum: int, _frame: object) -> None:
@@ -744,6 +764,7 @@ def run_job(spec: RunSpec) -> int:
             deaths_before = len(watch.deaths)
             moved = watch.sample(now - last)
             named = stragglers.poll(now, watch.live_ranks())
+            named += watches.poll(now, watch.ranks())
             if named:
                 _say(spec, [f"ddpdoctor run: {line}" for line in named])
             if tee.bytes != out_bytes:
@@ -764,7 +785,7 @@ def run_job(spec: RunSpec) -> int:
                 dead = watch.first_death()
                 lines = _verdict(spec, run_dir, watch, "failed",
                                  f"{dead.label if dead else 'a rank'} ended and the others were left waiting "
-                                 f"(no progress for {idle:.0f}s)", snapshot, 1)
+                                 f"(no progress for {idle:.0f}s)", snapshot, 1, watches)
                 lines.append(f"  stopping the job (SIGTERM, SIGKILL after {spec.stop_grace:g}s); exit 1")
                 _say(spec, lines)
                 _stop(proc, run_id, spec.stop_grace)
@@ -774,7 +795,7 @@ def run_job(spec: RunSpec) -> int:
                 readings = _read_live(watch, run_dir, spec.stack_wait)
                 lines = _verdict(spec, run_dir, watch, "hung",
                                  f"hung: no rank made progress for {spec.hang_timeout:g}s", readings,
-                                 int(ExitCode.HUNG))
+                                 int(ExitCode.HUNG), watches)
                 if not spec.keep_hung:
                     lines.append(f"  stopping the job (SIGTERM, SIGKILL after {spec.stop_grace:g}s); "
                                  f"exit {int(ExitCode.HUNG)}")
@@ -794,6 +815,9 @@ def run_job(spec: RunSpec) -> int:
         watchdog.done()
     watch.discover()
     watch.sample(POLL)
+    late = watches.finish(watch.ranks())
+    if late:
+        _say(spec, [f"ddpdoctor run: {line}" for line in late])
     code = _exit_code(proc.returncode)
     elapsed = time.monotonic() - started
     if verdict_kind == "hung" and not spec.keep_hung:
@@ -802,7 +826,7 @@ def run_job(spec: RunSpec) -> int:
         return 1
     if verdict_kind is None and not forwarded and (code != 0 or watch.deaths):
         head = f"the job failed (exit {code})" if code != 0 else "the job exited 0, but a rank failed"
-        _say(spec, _verdict(spec, run_dir, watch, "failed", head, snapshot, code))
+        _say(spec, _verdict(spec, run_dir, watch, "failed", head, snapshot, code, watches))
         return code
     if verdict_kind is None and not forwarded and code == 0:
         n = len(watch.ranks())
@@ -812,7 +836,15 @@ def run_job(spec: RunSpec) -> int:
         slow = stragglers.summary()
         if slow:
             line += f"; {len(slow)} straggler{'s' if len(slow) != 1 else ''}: " + "; ".join(slow)
-        if kept:
+        if watches.findings:
+            n = len(watches.findings)
+            line += (f"; {n} silent bug{'s' if n != 1 else ''} found: " + "; ".join(watches.summary()) +
+                     f"; saved in {run_dir} (verdict.txt, verdict.json)")
+            _write_private(os.path.join(run_dir, "verdict.txt"), line + "\n")
+            _write_private(os.path.join(run_dir, "verdict.json"), json.dumps({
+                "schema": 1, "kind": "ok", "headline": f"exit 0, {n} silent bug{'s' if n != 1 else ''} found",
+                "exit_code": code, "findings": watches.to_json()}, indent=2))
+        elif kept:
             line += f"; kept {run_dir}"
         else:
             _remove_dir(rd)
