@@ -69,7 +69,7 @@ DEATH_GRACE = 5.0  # seconds the others may sit idle after a rank died before th
 RAW_LOG = "output.raw.log"  # the job's bytes as written, unredacted: mode 0600
 _OWN_FILES = ("proc-*.json", "beat-*", "coll-*.txt", "stacks-*.txt", "exit-*.json", ".proc-*", ".exit-*", RAW_LOG, "stacks.txt",
               "verdict.txt", "verdict.json", "flight-recorder-rank*", "finding-*.json", ".finding-*", "desync-*",
-              ".desync-*")
+              ".desync-*", "plan-*.json", ".plan-*")
 
 
 @dataclass
@@ -735,7 +735,7 @@ def run_job(spec: RunSpec) -> int:
     tee.start(proc.stderr, sys.stderr.buffer)
     watch = _Watch(run_dir)
     stragglers = StragglerWatch(run_dir, spec.straggler_window, spec.straggler_windows)
-    watches = Watches(run_dir, window, env, float(env["DDPDOCTOR_BEAT_S"]), max(POLL, min(1.0, spec.hang_timeout / 20)))
+    watches = Watches(run_dir, window, env, float(env["DDPDOCTOR_BEAT_S"]))
     forwarded: list = []
 
     def forward(signum: int, _frame: object) -> None:

@@ -9,6 +9,9 @@ a rank that is late or gone only makes a window be skipped.
 * ``sampler-epoch``: the ranks find it themselves (``finding-<pid>-<n>.json``); here the same finding
   of several ranks becomes one line, printed when every live rank reported it or ``GRACE`` seconds
   after the first did.
+* ``data-plan``: each rank writes what a pass over a loader will read (``plan-<pid>-<n>.json``, when it
+  changed); once every rank's plan for a loop is in, a difference (batches, dataset length, the sampler's
+  ``num_replicas``, ``seed``, ``drop_last``) is named with each rank's value.
 * ``desync``: every ``window`` seconds, when the ranks' optimizer step counts (``desync-steps-<pid>``)
   moved since the last window, a step a little ahead of the furthest rank is written to
   ``desync-target``; each rank fingerprints its parameters at the start of that step
@@ -119,11 +122,12 @@ class Finding:
 class Watches:
     """Reads the ranks' watch files every poll of ``run``; lines to print as findings are made."""
 
-    def __init__(self, run_dir: str, window: float, env: dict, beat_s: float, poll_s: float) -> None:
+    def __init__(self, run_dir: str, window: float, env: dict, beat_s: float) -> None:
         self.run_dir = run_dir
         self.window = window
         self.on = {name: env.get(_env_name(name), "1") != "0" for name in WATCHES}
-        self.latency = 2 * beat_s + 2 * poll_s + 0.5  # from our target file to every rank knowing it
+        # a rank's step count here is up to one beat old, and it reads the target at its next beat
+        self.latency = 2 * beat_s + 0.5
         self.findings: list = []
         self.by_key: dict = {}
         self.read: set = set()
@@ -132,7 +136,7 @@ class Watches:
         self.target: Optional[int] = None
         self.target_at = 0.0
         self.last_steps: dict = {}  # pid -> step count at the last window
-        self.last_window_at = 0.0
+        self.seen_steps: dict = {}  # pid -> [(time, step count)], the last few seconds: the step rate
         self.windows = 0
         self.groups: dict = {}  # (kind, step) -> {pid: record}
         self.group_at: dict = {}
@@ -140,15 +144,18 @@ class Watches:
         self.where_of: dict = {}  # pid -> the last optimizer.step line seen
         self.start_diff: set = set()
         self.desync_found = False
+        self.plans: dict = {}  # loop line -> {pid: the latest plan record}
 
     # --- the loop ------------------------------------------------------------------------------
 
     def poll(self, now: float, procs: list) -> list:
         """Read what the ranks wrote; the lines of findings to name now. ``procs``: run's rank records."""
-        if not (self.on["sampler-epoch"] or self.on["desync"]):
+        if not (self.on["sampler-epoch"] or self.on["desync"] or self.on["data-plan"]):
             return []
         ranks = {p.pid: p for p in procs}
         self._read_findings(ranks, now)
+        if self.on["data-plan"]:
+            self._read_plans(ranks, now)
         if self.on["desync"]:
             self._read_records(ranks, now)
             self._compare_complete(ranks, now, end=False)
@@ -157,15 +164,61 @@ class Watches:
 
     def finish(self, procs: list) -> list:
         """After the job ended: compare what is left (the end's fingerprints); every finding not yet named."""
-        if not (self.on["sampler-epoch"] or self.on["desync"]):
+        if not (self.on["sampler-epoch"] or self.on["desync"] or self.on["data-plan"]):
             return []
         now = time.monotonic()
         ranks = {p.pid: p for p in procs}
         self._read_findings(ranks, now)
+        if self.on["data-plan"]:
+            self._read_plans(ranks, now)
         if self.on["desync"]:
             self._read_records(ranks, now)
             self._compare_complete(ranks, now, end=True)
         return self._due(now, [], final=True)
+
+    # --- data-plan -------------------------------------------------------------------------------
+
+    def _read_plans(self, ranks: dict, now: float) -> None:
+        """The latest plan of each rank per loop; a loop whose ranks' plans differ is a finding."""
+        changed = set()
+        for path in glob.glob(os.path.join(glob.escape(self.run_dir), "plan-*.json")):
+            if path in self.read:
+                continue
+            try:
+                with open(path) as f:
+                    record = json.load(f)
+            except (OSError, ValueError):
+                continue
+            self.read.add(path)
+            pid, where = int(record.get("pid", 0)), record.get("where", "")
+            latest = self.plans.setdefault(where, {})
+            if pid not in latest or latest[pid]["n"] < record.get("n", 0):
+                record["rank"] = self._rank_of(ranks, pid, record)
+                latest[pid] = record
+                changed.add(where)
+        for where in changed:
+            latest = self.plans[where]
+            if ("data-plan", where) in self.by_key or len(ranks) < 2 or not set(ranks) <= set(latest):
+                continue
+            records = sorted(latest.values(), key=lambda r: str(r["rank"]))
+            fields = []
+            for name in dict.fromkeys(k for r in records for k in r["plan"]):
+                values = [(r["rank"], r["plan"].get(name)) for r in records]
+                if len({v for _, v in values}) > 1:
+                    fields.append(f"{name}: " + ", ".join(f"rank {rank} {value}" for rank, value in values))
+            if not fields:
+                continue
+            batches = {r["plan"].get("batches") for r in records}
+            what = (f"the ranks read different data plans at the loop at {where}: " + "; ".join(fields) +
+                    ("; the ranks run different numbers of batches this epoch: the epoch's end will hang (a rank "
+                     "with more batches waits in a collective the others never join) or pair collectives of "
+                     "different steps" if len(batches) > 1 else
+                     "; the ranks' shards overlap or leave samples out"))
+            fix = ("give every rank the same dataset and the same DistributedSampler settings (it pads the shards to "
+                   "equal length), or drop_last=True; for uneven inputs on purpose, DDP's join() context manager")
+            f = self._add("data-plan", where, what, fix, where, records[0]["rank"], now)
+            for r in records[1:]:
+                f.ranks.append(r["rank"])
 
     def to_json(self) -> list:
         return [f.to_dict() for f in self.findings]
@@ -228,16 +281,28 @@ class Watches:
         """Every ``window`` seconds, ask the ranks for the fingerprints at a step a little ahead of all."""
         if self.next_at is None:
             self.next_at = now + self.window
-            self.last_window_at = now
             return
+        rate = 0.0
+        for p in live:
+            count = self._steps(p.pid)
+            if count is None:
+                continue
+            seen = self.seen_steps.setdefault(p.pid, [])
+            seen.append((now, count))
+            while len(seen) > 2 and now - seen[1][0] >= 2.0:
+                seen.pop(0)
+            if now - seen[0][0] > 0:
+                rate = max(rate, (count - seen[0][1]) / (now - seen[0][0]))
         if self.target is not None:
             done = ("window", self.target) in self.compared
             steps = [self._steps(p.pid) for p in live]
             passed = all(s is not None and s > self.target + 1 for s in steps)
-            if done or (passed and now - self.target_at > self.latency + 2) or now - self.target_at > self.window:
-                self.groups.pop(("window", self.target), None)  # complete, or a rank missed it: skip
+            # a rank's record is written before its step count moves past the target: passed and no record
+            # is a rank that learnt the target too late (or stepped differently): this window is skipped
+            if done or passed or now - self.target_at > self.window:
+                self.groups.pop(("window", self.target), None)
                 self.target = None
-                self.next_at = now + self.window
+                self.next_at = now + (self.window if done else min(self.window, 1.0))
             return
         if now < self.next_at or len(live) < 2:
             return
@@ -249,13 +314,10 @@ class Watches:
         if not moved:  # no step on some rank since the last window: nothing to compare, nothing to write
             self.next_at = now + min(self.window, 5.0)
             return
-        dt = max(now - self.last_window_at, 1e-3)
-        rate = max((s - self.last_steps.get(pid, 0)) / dt for pid, s in steps.items())
-        lead = max(2, math.ceil(rate * self.latency) + 1)
+        lead = math.ceil(rate * self.latency) + 2  # the steps any rank may take before it knows the target
         self.target = max(steps.values()) + lead
         self.target_at = now
         self.last_steps = dict(steps)
-        self.last_window_at = now
         self.windows += 1
         path = os.path.join(self.run_dir, "desync-target")
         tmp = os.path.join(self.run_dir, ".desync-target.tmp")

@@ -17,6 +17,11 @@ ranks and reports; nothing here talks to another rank, and nothing here is a col
   (``finding-<pid>-<n>.json``): set_epoch never called, or called with a constant, with the loop's
   line and the ``set_epoch`` line. A pass with no optimizer step (evaluation on the training set)
   is never compared, and ``shuffle=False`` is never watched.
+* ``data-plan``: at the start of every pass over a DataLoader, what the pass will read: ``len(loader)``
+  (the batches), the dataset's length, the sampler's ``num_replicas``, ``seed`` and ``drop_last``, the
+  loader's ``drop_last``; written (``plan-<pid>-<n>.json``) when it changed for that loop line, so
+  usually once per loop: ``run`` compares the ranks' plans and names a difference before the epoch's
+  end hangs on it.
 * ``desync``: optimizer steps are counted (a global step pre-hook: one Python call per step). At the
   first step, and at the start of the step ``run`` asks for (``desync-target``, read by the heartbeat
   thread when its mtime changes), the parameters of every optimizer that stepped and of every DDP
@@ -115,6 +120,8 @@ class _Rank:
         self.info = info
         self.pid = os.getpid()
         self.sampler_on = enabled("sampler-epoch")
+        self.plan_on = enabled("data-plan")
+        self.plans = {}  # loop line -> the last data plan written for it
         self.desync_on = enabled("desync")
         self.installed = False
         self.lock = threading.Lock()
@@ -160,6 +167,7 @@ class _Rank:
         sampler_cls = sys.modules["torch.utils.data.distributed"].DistributedSampler
         if self.sampler_on:
             self._wrap_set_epoch(sampler_cls)
+        if self.sampler_on or self.plan_on:
             real_iter = dataloader.__iter__
             if not getattr(real_iter, "_ddpdoctor_watch", False):
                 state = self
@@ -255,6 +263,11 @@ class _Rank:
         """A DataLoader iteration starts: remember its order if its sampler reshuffles with set_epoch."""
         if os.getpid() != self.pid:
             return
+        where = _where(frame)
+        if self.plan_on:
+            self._plan(loader, where)
+        if not self.sampler_on:
+            return
         sampler = None
         for candidate in (getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None),
                           getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
@@ -276,13 +289,35 @@ class _Rank:
             kind = "epoch"
         else:
             key, kind = None, "indices"
-        p = _Pass(log, type(sampler).__name__, key, _where(frame), weakref.ref(it), kind)
+        p = _Pass(log, type(sampler).__name__, key, where, weakref.ref(it), kind)
         if key is None:
             inner = getattr(it, "_sampler_iter", None)
             if inner is None:
                 return
             it._sampler_iter = _recorded(inner, p)
         self.open_passes = [q for q in self.open_passes if q.iterator() is not None] + [p]
+
+    def _plan(self, loader, where):
+        """data-plan: what this pass will read (batches, the sampler's shard), written when it changed."""
+        plan = {}
+        for name, get in (("batches", lambda: len(loader)), ("dataset length", lambda: len(loader.dataset))):
+            try:
+                plan[name] = int(get())
+            except Exception:  # noqa: BLE001 - an IterableDataset, a sampler without __len__
+                pass
+        sampler = getattr(loader, "sampler", None)
+        for attr, name in (("num_replicas", "num_replicas"), ("seed", "seed"), ("drop_last", "sampler drop_last")):
+            value = getattr(sampler, attr, None)
+            if isinstance(value, (int, bool)):
+                plan[name] = value
+        if isinstance(getattr(loader, "drop_last", None), bool):
+            plan["loader drop_last"] = loader.drop_last
+        if self.plans.get(where) == plan:
+            return
+        self.plans[where] = plan
+        self.findings += 1
+        _write_json(self.run_dir, f"plan-{self.pid}-{self.findings}.json", {
+            "pid": self.pid, "rank": self._rank(), "where": where, "plan": plan, "n": self.findings})
 
     def pre_step(self, optimizer, args, kwargs):
         """The global optimizer step pre-hook: one call per step, kept short."""
@@ -521,7 +556,7 @@ class _TorchLoaded:
 def start(run_dir, info):
     """Start the watches in this rank (called by the injected sitecustomize); the beat function."""
     global _state
-    if not any(enabled(n) for n in ("sampler-epoch", "desync")):
+    if not any(enabled(n) for n in ("sampler-epoch", "data-plan", "desync")):
         return None
     _state = _Rank(run_dir, info)
     if "torch" in sys.modules:
