@@ -218,3 +218,20 @@ def test_ranks_reading_different_data_plans_are_named_before_the_epoch_ends(cli_
     assert "silent bug: [data-plan]" in p.stderr[verdict_at:]  # and again in the verdict
     v = verdict(run_dir)
     assert [(f["watch"], f["where"]) for f in v["findings"]] == [("data-plan", length), ("data-plan", split)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_hang_mid_window_is_still_a_hang(cli_env, tmp_path):
+    """The watches' files are no progress: a job that hangs after its steps began, with 1 s windows, is
+    declared hung after --hang-timeout, stacks and all, and no watch names anything."""
+    script = write_script(tmp_path, "models.py", MODELS)
+    run_dir = tmp_path / "run"
+    p = subprocess.run(CMD + ["run", "--hang-timeout", "6", "--dir", str(run_dir), "--",
+                              *torchrun(script, "hang", "60")], env=_env(cli_env, tmp_path), capture_output=True,
+                       text=True, timeout=400)
+    assert p.returncode == 124, p.stderr[-3000:]
+    assert "ddpdoctor run: hung: no rank made progress for 6s" in p.stderr
+    assert f"({script}:{mark_line(MODELS, 'models_hang')})" in p.stderr  # rank 1's stack: where it stopped
+    assert "[desync]" not in p.stderr and "silent bug" not in p.stderr
+    assert verdict(run_dir)["findings"] == []

@@ -198,7 +198,8 @@ if __name__ == "__main__":
 # Parameters that drift apart: `models.py <mode> <steps> [<port> <nprocs>]`, torchrun or mp.spawn. Each
 # step all-reduces the loss for logging (so the ranks keep pace, as real jobs do). Modes: `unwrapped` (the
 # same seed everywhere, never wrapped in DDP: each rank steps with its own data's gradients), `attached`
-# (a head attached to the model after DDP was built), `clean` (the whole model built, then wrapped).
+# (a head attached to the model after DDP was built), `clean` (the whole model built, then wrapped), `hang`
+# (clean, but rank 1 stops before its last step while rank 0 waits in the next collective).
 MODELS = r'''
 import os, sys, time
 import torch
@@ -235,7 +236,9 @@ def worker(rank, mode, steps):
     model = build(mode, rank)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     data = torch.Generator().manual_seed(100 + rank)  # each rank reads its own data
-    for _ in range(steps):
+    for i in range(steps):
+        if mode == "hang" and rank == 1 and i == steps - 1:
+            time.sleep(3600)  # MARK:models_hang
         x = torch.randn(16, 8, generator=data)
         loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
         opt.zero_grad()
