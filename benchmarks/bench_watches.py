@@ -155,6 +155,12 @@ def measure(loop, blocks, block, watches, run_dir):
     for _ in range(3):
         switch.state.fingerprint("window", frame)
     fp = (time.process_time() - f0) / 3
+    r0 = time.process_time()
+    with torch.no_grad():
+        for _ in range(3):
+            for q in model.parameters():
+                q.sum()  # one read of the bytes, for scale
+    read = (time.process_time() - r0) / 3
     b0 = time.process_time()
     for _ in range(200):
         switch.state.beat()
@@ -193,7 +199,8 @@ def measure(loop, blocks, block, watches, run_dir):
     print(f"  the watches' own work per step, timed directly: step hook {hook * 1e6:.2f} us + the pass's wrapped "
           f"set_epoch and iter() {pass_cost * 1e6:.1f} us over {len(loader)} steps = {direct * 1e6:.2f} us "
           f"= {direct / step_off * 100:.3f}% of the step")
-    print(f"  fingerprint once per window: {fp * 1e3:.2f} ms ({params * 4 / 1e6:.1f} MB); heartbeat beat(): "
+    print(f"  fingerprint once per window: {fp * 1e3:.2f} ms ({params * 4 / 1e6:.1f} MB; one read of the bytes, "
+          f"a sum per tensor: {read * 1e3:.2f} ms, x{fp / max(read, 1e-9):.1f}); heartbeat beat(): "
           f"{beat * 1e6:.1f} us a second; spread over a 60 s window: {amortized * 1e6:.2f} us per step "
           f"= {amortized / step_off * 100:.4f}% of the step")
     return statistics.median(paired), (direct + amortized) / step_off

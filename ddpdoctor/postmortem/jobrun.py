@@ -735,7 +735,7 @@ def run_job(spec: RunSpec) -> int:
     tee.start(proc.stderr, sys.stderr.buffer)
     watch = _Watch(run_dir)
     stragglers = StragglerWatch(run_dir, spec.straggler_window, spec.straggler_windows)
-    watches = Watches(run_dir, window, env, float(env["DDPDOCTOR_BEAT_S"]))
+    watches = Watches(run_dir, window, env)
     forwarded: list = []
 
     def forward(signum: int, _frame: object) -> None:

@@ -12,10 +12,10 @@ a rank that is late or gone only makes a window be skipped.
 * ``data-plan``: each rank writes what a pass over a loader will read (``plan-<pid>-<n>.json``, when it
   changed); once every rank's plan for a loop is in, a difference (batches, dataset length, the sampler's
   ``num_replicas``, ``seed``, ``drop_last``) is named with each rank's value.
-* ``desync``: every ``window`` seconds, when the ranks' optimizer step counts (``desync-steps-<pid>``)
-  moved since the last window, a step a little ahead of the furthest rank is written to
-  ``desync-target``; each rank fingerprints its parameters at the start of that step
-  (``desync-<pid>-window-<step>.json``). Also at the first step (``start``) and at the end
+* ``desync``: from the ranks' optimizer step counts (``desync-steps-<pid>``), the steps of one
+  ``window`` (``desync-period``, written once the rate is known, again only when it changed more than
+  twofold); each rank fingerprints its parameters at the start of every step whose count is a
+  multiple of it (``desync-<pid>-window-<step>.json``). Also at the first step (``start``) and at the end
   (``final``). The records of one step from every rank are compared here; the first difference is
   the finding, with the tensors, the ranks, when it was first seen and the likely reason.
 """
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import glob
 import json
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -122,22 +121,17 @@ class Finding:
 class Watches:
     """Reads the ranks' watch files every poll of ``run``; lines to print as findings are made."""
 
-    def __init__(self, run_dir: str, window: float, env: dict, beat_s: float) -> None:
+    def __init__(self, run_dir: str, window: float, env: dict) -> None:
         self.run_dir = run_dir
         self.window = window
         self.on = {name: env.get(_env_name(name), "1") != "0" for name in WATCHES}
-        # a rank's step count here is up to one beat old, and it reads the target at its next beat
-        self.latency = 2 * beat_s + 0.5
         self.findings: list = []
         self.by_key: dict = {}
         self.read: set = set()
         self.started = time.monotonic()
         self.next_at: Optional[float] = None
-        self.target: Optional[int] = None
-        self.target_at = 0.0
-        self.last_steps: dict = {}  # pid -> step count at the last window
+        self.period = 0  # optimizer steps per window, as last written to desync-period
         self.seen_steps: dict = {}  # pid -> [(time, step count)], the last few seconds: the step rate
-        self.windows = 0
         self.groups: dict = {}  # (kind, step) -> {pid: record}
         self.group_at: dict = {}
         self.compared: set = set()
@@ -180,22 +174,24 @@ class Watches:
 
     def _read_plans(self, ranks: dict, now: float) -> None:
         """The latest plan of each rank per loop; a loop whose ranks' plans differ is a finding."""
-        changed = set()
+        new = []
         for path in glob.glob(os.path.join(glob.escape(self.run_dir), "plan-*.json")):
             if path in self.read:
                 continue
             try:
                 with open(path) as f:
-                    record = json.load(f)
+                    new.append(json.load(f))
             except (OSError, ValueError):
                 continue
             self.read.add(path)
+        changed: dict = {}  # loop lines in the order the ranks reached them (a rank's records are numbered)
+        for record in sorted(new, key=lambda r: r.get("n", 0)):
             pid, where = int(record.get("pid", 0)), record.get("where", "")
             latest = self.plans.setdefault(where, {})
             if pid not in latest or latest[pid]["n"] < record.get("n", 0):
                 record["rank"] = self._rank_of(ranks, pid, record)
                 latest[pid] = record
-                changed.add(where)
+                changed[where] = True
         for where in changed:
             latest = self.plans[where]
             if ("data-plan", where) in self.by_key or len(ranks) < 2 or not set(ranks) <= set(latest):
@@ -278,52 +274,35 @@ class Watches:
             return None
 
     def _window(self, now: float, live: list) -> None:
-        """Every ``window`` seconds, ask the ranks for the fingerprints at a step a little ahead of all."""
-        if self.next_at is None:
-            self.next_at = now + self.window
-            return
-        rate = 0.0
+        """Once the step rate is known, the period: the optimizer steps of one window, so that every rank
+        fingerprints at the same step counts (its multiples) with no round trip per window. Written
+        again only when the rate changed more than twofold, and only while steps move."""
+        rate, span = 0.0, 0.0
         for p in live:
             count = self._steps(p.pid)
             if count is None:
                 continue
             seen = self.seen_steps.setdefault(p.pid, [])
             seen.append((now, count))
-            while len(seen) > 2 and now - seen[1][0] >= 2.0:
+            while len(seen) > 2 and now - seen[1][0] >= self.window:
                 seen.pop(0)
             if now - seen[0][0] > 0:
                 rate = max(rate, (count - seen[0][1]) / (now - seen[0][0]))
-        if self.target is not None:
-            done = ("window", self.target) in self.compared
-            steps = [self._steps(p.pid) for p in live]
-            passed = all(s is not None and s > self.target + 1 for s in steps)
-            # a rank's record is written before its step count moves past the target: passed and no record
-            # is a rank that learnt the target too late (or stepped differently): this window is skipped
-            if done or passed or now - self.target_at > self.window:
-                self.groups.pop(("window", self.target), None)
-                self.target = None
-                self.next_at = now + (self.window if done else min(self.window, 1.0))
-            return
-        if now < self.next_at or len(live) < 2:
-            return
-        steps = {p.pid: self._steps(p.pid) for p in live}
-        if any(s is None for s in steps.values()):
+                span = max(span, now - seen[0][0])
+        if self.next_at is None:
             self.next_at = now + self.window
+        if now < self.next_at or len(live) < 2 or rate <= 0 or span < min(self.window, 1.0):
             return
-        moved = all(s > self.last_steps.get(pid, 0) for pid, s in steps.items())
-        if not moved:  # no step on some rank since the last window: nothing to compare, nothing to write
-            self.next_at = now + min(self.window, 5.0)
+        self.next_at = now + self.window
+        period = max(1, round(rate * self.window))
+        if self.period and self.period / 2 <= period <= self.period * 2:
             return
-        lead = math.ceil(rate * self.latency) + 2  # the steps any rank may take before it knows the target
-        self.target = max(steps.values()) + lead
-        self.target_at = now
-        self.last_steps = dict(steps)
-        self.windows += 1
-        path = os.path.join(self.run_dir, "desync-target")
-        tmp = os.path.join(self.run_dir, ".desync-target.tmp")
+        self.period = period
+        path = os.path.join(self.run_dir, "desync-period")
+        tmp = os.path.join(self.run_dir, ".desync-period.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write(f"{self.target} {self.windows}\n")
+            f.write(f"{period}\n")
         os.replace(tmp, path)
 
     def _read_records(self, ranks: dict, now: float) -> None:

@@ -23,8 +23,9 @@ ranks and reports; nothing here talks to another rank, and nothing here is a col
   usually once per loop: ``run`` compares the ranks' plans and names a difference before the epoch's
   end hangs on it.
 * ``desync``: optimizer steps are counted (a global step pre-hook: one Python call per step). At the
-  first step, and at the start of the step ``run`` asks for (``desync-target``, read by the heartbeat
-  thread when its mtime changes), the parameters of every optimizer that stepped and of every DDP
+  first step, and at the start of every step whose count is a multiple of the period ``run`` wrote
+  (``desync-period``: the optimizer steps of one window, read by the heartbeat thread when the file
+  changed; the same multiples on every rank, with no round trip per window), the parameters of every optimizer that stepped and of every DDP
   model are fingerprinted with the library's fingerprint (``_ddpdoctor_fingerprint``, a copy of
   :mod:`ddpdoctor.diagnostics.fingerprint`) and written as ``desync-<pid>-<kind>-<step>.json`` with
   what the hook saw: which tensors DDP synchronizes (the parameters it had when built), which were
@@ -33,7 +34,7 @@ ranks and reports; nothing here talks to another rank, and nothing here is a col
   ``desync-steps-<pid>`` holds the step count, rewritten by the heartbeat thread when it changed.
 
 Nothing here counts as progress for the hang detector: the heartbeat thread only writes when the
-job's own step count moved and only reads the target after ``run`` wrote a new one, which ``run``
+job's own step count moved and only reads the period after ``run`` wrote a new one, which ``run``
 does only while steps move. Every entry point catches everything: a watch must never break the job.
 """
 
@@ -126,8 +127,8 @@ class _Rank:
         self.installed = False
         self.lock = threading.Lock()
         self.steps = 0
-        self.target = -1  # the step count at whose start to fingerprint (desync)
-        self.target_seen = None
+        self.period = 0  # desync: fingerprint at the start of every step whose count is a multiple of it
+        self.period_seen = None
         self.steps_written = -1
         self.findings = 0
         self.open_passes = []
@@ -325,7 +326,8 @@ class _Rank:
         try:
             if self.open_passes:
                 self._passes_trained()
-            if self.desync_on and (self.steps == 1 or self.steps == self.target or id(optimizer) not in self.seen_optimizers):
+            if self.desync_on and (self.steps == 1 or (self.period and self.steps % self.period == 0)
+                                   or id(optimizer) not in self.seen_optimizers):
                 self._desync_step(optimizer)
         except Exception:  # noqa: BLE001 - never break the job
             pass
@@ -396,7 +398,7 @@ class _Rank:
             weakref.finalize(optimizer, self._final_of, len(self.optimizers) - 1, params)
         if self.steps == 1:
             self.fingerprint("start", sys._getframe(2))
-        elif self.steps == self.target:
+        elif self.period and self.steps % self.period == 0:
             self.fingerprint("window", sys._getframe(2))
 
     def _final_of(self, index, params):
@@ -496,7 +498,7 @@ class _Rank:
     # --- the heartbeat thread --------------------------------------------------------------------
 
     def beat(self):
-        """Called by the heartbeat thread every beat: install late, publish the step count, read the target."""
+        """Called by the heartbeat thread every beat: install late, publish the step count, read the period."""
         if not self.installed and not self.install():
             return
         if not self.desync_on:
@@ -511,15 +513,15 @@ class _Rank:
             finally:
                 os.close(fd)
         try:
-            st = os.stat(os.path.join(self.run_dir, "desync-target"))
+            st = os.stat(os.path.join(self.run_dir, "desync-period"))
         except OSError:
             return
         seen = (st.st_mtime_ns, st.st_size, st.st_ino)
-        if seen != self.target_seen:
-            self.target_seen = seen
+        if seen != self.period_seen:
+            self.period_seen = seen
             try:
-                with open(os.path.join(self.run_dir, "desync-target"), "rb") as f:
-                    self.target = int(f.read(32).split()[0])
+                with open(os.path.join(self.run_dir, "desync-period"), "rb") as f:
+                    self.period = max(0, int(f.read(32).split()[0]))
             except (OSError, ValueError, IndexError):
                 pass
 
