@@ -136,11 +136,10 @@ class Switch:
             self.hooks.update(self.hook_items)
 
 
-def measure(loop, blocks, block, watches, run_dir):
+def measure(loop, blocks, block, switch):
     import torch
 
     model, sampler, loader, optimizer = build(loop)
-    switch = Switch(watches, run_dir)
     epoch = steps(model, sampler, loader, optimizer, 5, 0)  # warm up, with the watches on (first step: start)
     cpu = {"off": [], "on": [], "off again": []}
     for _ in range(blocks):
@@ -225,9 +224,9 @@ def main():
     with tempfile.TemporaryDirectory(prefix="bench-watches-") as tmp:
         dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
         try:
-            watches = _load_watches()
+            switch = Switch(_load_watches(), tmp)  # the patches are made once per process, as in a rank
             for loop in (("readme", "resnet18") if args.loop == "both" else (args.loop,)):
-                measure(loop, args.blocks, args.block if loop == "readme" else args.resnet_block, watches, tmp)
+                measure(loop, args.blocks, args.block if loop == "readme" else args.resnet_block, switch)
         finally:
             dist.destroy_process_group()
     print(f"load average after: {os.getloadavg()}")
