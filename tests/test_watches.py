@@ -235,3 +235,29 @@ def test_a_hang_mid_window_is_still_a_hang(cli_env, tmp_path):
     assert f"({script}:{mark_line(MODELS, 'models_hang')})" in p.stderr  # rank 1's stack: where it stopped
     assert "[desync]" not in p.stderr and "silent bug" not in p.stderr
     assert verdict(run_dir)["findings"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("mode, form, reason, mark", [
+    ("seeded", "torchrun", "the model is never wrapped in DistributedDataParallel: each rank steps with its own "
+     "gradients, and the ranks were seeded differently (their parameters differ from the first step: no DDP "
+     "broadcast made them equal)", "models_step"),
+    ("nosync", "mp.spawn", "DistributedDataParallel was built with init_sync=False (at build ({script}:{line})): "
+     "rank 0's parameters were never broadcast", "nosync_ddp"),
+])
+def test_ranks_that_start_apart_are_named_at_the_first_step_with_the_reason(cli_env, tmp_path, mode, form, reason,
+                                                                               mark):
+    script = write_script(tmp_path, "models.py", MODELS)
+    job = torchrun(script, mode, "20") if form == "torchrun" else \
+        [sys.executable, script, mode, "20", str(free_port()), "2"]
+    p, run_dir = ddprun(tmp_path, _env(cli_env, tmp_path), job)
+    assert p.returncode == 0, p.stderr[-3000:]
+    named = found(p.stderr, "desync")
+    assert len(named) == 1, p.stderr[-3000:]
+    assert named[0].startswith("ddpdoctor run: [desync] ranks 0, 1: 4 parameter tensors differ across ranks (ranks "
+                               "0, 1 all hold different values), first seen at the first optimizer step: "), named[0]
+    line = mark_line(MODELS, mark)
+    assert "likely reason: " + reason.format(script=script, line=line) in named[0]
+    where = verdict(run_dir)["findings"][0]["where"]
+    assert where.endswith(f"({script}:{line})"), where

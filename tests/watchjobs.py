@@ -199,7 +199,8 @@ if __name__ == "__main__":
 # step all-reduces the loss for logging (so the ranks keep pace, as real jobs do). Modes: `unwrapped` (the
 # same seed everywhere, never wrapped in DDP: each rank steps with its own data's gradients), `attached`
 # (a head attached to the model after DDP was built), `clean` (the whole model built, then wrapped), `hang`
-# (clean, but rank 1 stops before its last step while rank 0 waits in the next collective).
+# (clean, but rank 1 stops before its last step while rank 0 waits in the next collective), `seeded` (never
+# wrapped, and seeded by rank), `nosync` (wrapped with init_sync=False, seeded by rank).
 MODELS = r'''
 import os, sys, time
 import torch
@@ -225,6 +226,10 @@ def build(mode, rank):
         torch.manual_seed(0)
         return Net(head=True)
     torch.manual_seed(rank)
+    if mode == "seeded":
+        return Net(head=True)  # MARK:seeded_net
+    if mode == "nosync":
+        return DDP(Net(head=True), init_sync=False)  # MARK:nosync_ddp
     if mode == "attached":
         model = DDP(Net(head=False))  # MARK:attached_ddp
         model.module.head = nn.Linear(4, 1)

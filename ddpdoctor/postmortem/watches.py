@@ -34,7 +34,7 @@ from ddpdoctor.system.stackframes import shown_where
 __all__ = ["WATCHES", "Watches", "Finding", "parse_no_watch", "watch_env", "window_from_env"]
 
 WATCHES = ("sampler-epoch", "data-plan", "desync", "bn-drift", "solo-wait")
-GRACE = 3.0  # seconds to wait for the other ranks' report of the same finding before naming it
+GRACE = 10.0  # seconds to wait for the other ranks' report of the same finding before naming it
 DEFAULT_WINDOW = 60.0
 
 
