@@ -11,8 +11,10 @@ terminal while the job runs, in the summary and in ``verdict.json``; the clean p
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -261,3 +263,59 @@ def test_ranks_that_start_apart_are_named_at_the_first_step_with_the_reason(cli_
     assert "likely reason: " + reason.format(script=script, line=line) in named[0]
     where = verdict(run_dir)["findings"][0]["where"]
     assert where.endswith(f"({script}:{line})"), where
+
+
+RANK_SIDE = r"""
+import glob, json, os, sys
+sys.path.insert(0, sys.argv[3])  # the injected folder, as run puts it on PYTHONPATH
+os.environ["DDPDOCTOR_WATCH_DESYNC"] = "0"
+import _ddpdoctor_watches
+_ddpdoctor_watches.start(sys.argv[1], {"rank": 0})  # before torch: installed when `import torch` ends
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+ds = TensorDataset(torch.randn(32, 4))
+sampler = DistributedSampler(ds, num_replicas=1, rank=0)
+loader = DataLoader(ds, batch_size=8, sampler=sampler, num_workers=1, persistent_workers=True)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(3):
+    if sys.argv[2] == "set_epoch":
+        sampler.set_epoch(epoch)
+    for (x,) in loader:
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+    with torch.no_grad():
+        for (x,) in loader:  # evaluation on the training set: the same iterator (persistent workers)
+            model(x)
+del loader  # its worker ends here
+print(json.dumps([json.load(open(f))["key"].split(":")[0] for f in sorted(glob.glob(sys.argv[1] + "/finding-*"))]))
+"""
+
+
+@pytest.mark.parametrize("mode, keys", [("set_epoch", []), ("never", ["never-called"])])
+def test_evaluation_pass_on_a_persistent_workers_loader_is_not_a_training_pass(tmp_path, mode, keys):
+    """The rank side alone, in a real process: a loader with persistent workers hands out one iterator
+    for every pass, so the evaluation pass over it must end when the next pass starts, not count as
+    training at the next epoch's first step."""
+    import os
+
+    import ddpdoctor.postmortem.jobrun as jobrun
+
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    for source, name in jobrun._inject_files():
+        if name != "sitecustomize.py":
+            os.symlink(source, inject / name)
+    script = tmp_path / "rank_side.py"
+    script.write_text(RANK_SIDE)
+    # the worker's multiprocessing folder (a socket in it: the path must stay short), removed here
+    short = tempfile.mkdtemp(prefix="w-")
+    try:
+        p = subprocess.run([sys.executable, str(script), str(tmp_path), mode, str(inject)], capture_output=True,
+                           text=True, timeout=100, env={**os.environ, "TMPDIR": short})
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout.splitlines()[-1]) == keys

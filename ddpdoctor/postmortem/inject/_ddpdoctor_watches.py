@@ -140,8 +140,9 @@ class _Rank:
 
     # --- installation --------------------------------------------------------------------------
 
-    def install(self):
-        """Patch torch once it is loaded; True when done (or when nothing is on)."""
+    def install(self, torch_done=False):
+        """Patch torch once it is loaded; True when done. ``torch_done``: called right after torch's own
+        module ran (its import is still marked as initializing then, its submodules are not)."""
         if self.installed:
             return True
         mods = sys.modules
@@ -149,7 +150,8 @@ class _Rank:
                 "torch.utils.data.distributed")
         for name in need:
             mod = mods.get(name)
-            if mod is None or getattr(getattr(mod, "__spec__", None), "_initializing", False):
+            if mod is None or (getattr(getattr(mod, "__spec__", None), "_initializing", False)
+                               and not (torch_done and name == "torch")):
                 return False
         with self.lock:
             if self.installed:
@@ -296,7 +298,8 @@ class _Rank:
             if inner is None:
                 return
             it._sampler_iter = _recorded(inner, p)
-        self.open_passes = [q for q in self.open_passes if q.iterator() is not None] + [p]
+        # a loader with persistent workers hands out the same iterator every pass: a new pass ends the last
+        self.open_passes = [q for q in self.open_passes if q.iterator() is not None and q.iterator() is not it] + [p]
 
     def _plan(self, loader, where):
         """data-plan: what this pass will read (batches, the sampler's shard), written when it changed."""
@@ -547,7 +550,7 @@ class _TorchLoaded:
         def exec_module(module):
             real(module)
             try:
-                state.install()
+                state.install(torch_done=True)
             except Exception:  # noqa: BLE001
                 pass
 
