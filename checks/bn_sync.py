@@ -89,4 +89,6 @@ class BnSyncCheck(ModelCheck):
                               details=details, data=data)
         if worst == 0.0:
             summary += " (identical data on every rank?)"
+        if loaded.builtin:
+            summary = f"built-in model on this world: {summary}"
         return ctx.passed(f"{summary}; sync_bn_stats equalized them", hint=FIX, details=details, data=data)

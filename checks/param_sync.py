@@ -118,6 +118,12 @@ class ParamSyncCheck(ModelCheck):
             summary = "parameters identical on every rank"
         if loaded.input_shape is not None:
             summary += f"; in sync after {STEPS} optimizer steps, gradients match"
+        # what was judged: a DDP this check built, on this world; never the user's training loop
+        if loaded.builtin:
+            summary = f"built-in model on this world: {summary}"
+        else:
+            summary += ("; in a DDP the check built: your training loop is not judged (never wrapped in DDP, "
+                        "modules attached after wrapping, seeds): run the job under ddpdoctor run")
         return ctx.passed(summary, details=details, data=data)
 
     def _train(self, ctx: RankContext, ddp: DistributedDataParallel, loaded: LoadedModel,

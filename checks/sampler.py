@@ -166,7 +166,7 @@ class SamplerCheck(Check):
             problems.sort(key=lambda p: p[0] != "sampler-seed-mismatch")
             finding, summary, hint = problems[0]
             return ctx.failed(summary, hint=hint, finding=finding, details=details, data=data)
-        summary = (f"{count(n, 'sample')} over {count(world, 'rank')}: shards disjoint and complete "
-                   f"({count(padding, 'padding duplicate')}, drop_last drops {d_missed}), same seed; "
-                   f"{PITFALL}")
+        summary = (f"built-in dataset on this world: {count(n, 'sample')} over {count(world, 'rank')}: shards "
+                   f"disjoint and complete ({count(padding, 'padding duplicate')}, drop_last drops {d_missed}), same "
+                   f"seed; {PITFALL} (your job's own sampler: run it under ddpdoctor run)")
         return ctx.passed(summary, hint=FIX, details=details, data=data)

@@ -441,16 +441,20 @@ def stacks(pids: tuple, wait: float) -> int:
               help="Seconds per window of the straggler score (each rank's own work between collectives).")
 @click.option("--straggler-windows", type=Number(int, 1, 1000), default=3, show_default=True,
               help="Windows in a row a rank must score under 0.8 to be named a straggler.")
+@click.option("--no-watch", "no_watch", multiple=True, metavar="NAMES",
+              help="Turn off watches for silent bugs, comma-separated: sampler-epoch, data-plan, desync, bn-drift, "
+                   "solo-wait (or DDPDOCTOR_WATCH_<NAME>=0).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(hang_timeout: float, run_dir: Optional[str], keep: bool, keep_hung: bool, straggler_window: float,
-        straggler_windows: int, command: tuple) -> int:
+        straggler_windows: int, no_watch: tuple, command: tuple) -> int:
     """Run a training command (after --) and explain it if it hangs or dies."""
     from ddpdoctor.postmortem.jobrun import RunSpec, run_job
+    from ddpdoctor.postmortem.watches import parse_no_watch
 
     # a closed stdout or stderr (>&-) is already /dev/null here (__main__): the job runs, its code returned
     return run_job(RunSpec(command=list(command), hang_timeout=hang_timeout, run_dir=run_dir, keep=keep,
                            keep_hung=keep_hung, straggler_window=straggler_window,
-                           straggler_windows=straggler_windows))
+                           straggler_windows=straggler_windows, no_watch=parse_no_watch(no_watch)))
 
 
 def _quiet_logs() -> None:

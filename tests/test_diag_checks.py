@@ -44,7 +44,9 @@ def test_builtin_model_and_dataset_pass_and_explain_the_pitfalls(world):
         assert len(result.outcomes) == world
     n = 5 * world + 1
     sampler = merged["sampler"]
-    assert sampler.summary.startswith(f"{n} samples over {world} ranks: shards disjoint and complete")
+    assert sampler.summary.startswith(f"built-in dataset on this world: {n} samples over {world} ranks: shards "
+                                      "disjoint and complete")
+    assert sampler.summary.endswith("(your job's own sampler: run it under ddpdoctor run)")
     assert "set_epoch(epoch)" in sampler.summary and sampler.hint.startswith("call sampler.set_epoch(epoch)")
     details = sampler.outcomes[0].details
     assert any("repeats the first pass's order; after set_epoch(1) it changes" in d for d in details)
@@ -53,7 +55,7 @@ def test_builtin_model_and_dataset_pass_and_explain_the_pitfalls(world):
     assert data["padding"] == world - 1 and data["dropped"] == 1 and data["repeats_without_set_epoch"]
 
     param = merged["param-sync"]
-    assert param.summary == ("rank-dependent init caught (4 tensors differ, e.g. param:conv1.weight); "
+    assert param.summary == ("built-in model on this world: rank-dependent init caught (4 tensors differ, e.g. param:conv1.weight); "
                              "DDP construction synced them; in sync after 2 optimizer steps, "
                              "gradients match")
     # BatchNorm weights start at 1 and biases at 0 whatever the seed: only these four differ
@@ -62,7 +64,8 @@ def test_builtin_model_and_dataset_pass_and_explain_the_pitfalls(world):
     assert param.outcomes[0].data["unused"] == []
 
     bn = merged["bn-sync"]
-    assert bn.summary.startswith("2 BatchNorm layers not SyncBatchNorm; running stats diverge up to")
+    assert bn.summary.startswith("built-in model on this world: 2 BatchNorm layers not SyncBatchNorm; running "
+                                 "stats diverge up to")
     assert "sync_bn_stats equalized them" in bn.summary and "convert_sync_batchnorm" in bn.hint
     assert set(bn.outcomes[0].data["divergence"]) == {"bn1", "bn2"}
     assert bn.outcomes[0].data["divergence_after_sync"] == 0.0
@@ -285,6 +288,8 @@ def test_sync_batchnorm_on_cpu_names_the_real_cause(tmp_path, monkeypatch):
     assert bn.outcomes[0].data["layers"] == ["4"] and bn.outcomes[0].data["sync_batchnorm_reverted"] == ["1"]
     one = _merged([r["one"] for r in results], 2, {}, (param_mod.ParamSyncCheck,))["param-sync"]
     assert one.summary.startswith("rank-dependent init caught (1 tensor differs, e.g. param:weight)"), one.summary
+    assert one.summary.endswith("in a DDP the check built: your training loop is not judged (never wrapped in DDP, "
+                                "modules attached after wrapping, seeds): run the job under ddpdoctor run")
     assert "rank-dependent init without DDP: caught 1 differing tensor (param:weight)" in one.outcomes[0].details
     for out in results:
         for step, torch_text in (("ddp", "SyncBatchNorm layers only work with GPU modules"),

@@ -69,6 +69,7 @@ from ddpdoctor.postmortem.rundir import RunDir, default_runs_root, prepare_run_d
 from ddpdoctor.postmortem.rundir import write_private as _write_private
 from ddpdoctor.postmortem.jobproc import Launched, launch
 from ddpdoctor.postmortem.straggle import StragglerWatch
+from ddpdoctor.postmortem.watches import Watches, watch_env, window_from_env
 from ddpdoctor.system import redact
 from ddpdoctor.system.redact import safe_data, safe_text, shorten
 from ddpdoctor.system.stackframes import shown_where, user_place
@@ -97,6 +98,7 @@ class RunSpec:
         stop_grace: seconds between SIGTERM and SIGKILL when stopping a job.
         straggler_window, straggler_windows: the straggler score's window (seconds) and how many
             windows in a row a rank must score low to be named.
+        no_watch: the watches for silent bugs to turn off (:data:`ddpdoctor.postmortem.watches.WATCHES`).
     """
 
     command: list
@@ -108,6 +110,7 @@ class RunSpec:
     stack_wait: float = 3.0
     straggler_window: float = 60.0
     straggler_windows: int = 3
+    no_watch: tuple = ()
     err: IO = field(default_factory=lambda: sys.stderr)
 
 
@@ -442,7 +445,8 @@ def _tail(path: str, limit: int = 8 << 20, end: Optional[int] = None) -> str:
 
 
 def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: str, readings: list,
-             code: Optional[int] = None, log_end: Optional[int] = None) -> list:
+             code: Optional[int] = None, log_end: Optional[int] = None,
+             watches: Optional[Watches] = None) -> list:
     """The verdict: cause first, then where the others were, the launcher's part, explain; saved.
 
     ``kind``: failed, hung or interrupted (then ``log_end``: what the job wrote before the interrupt,
@@ -490,6 +494,8 @@ def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: st
                      "cause")
     if matches or first:
         lines += ["  " + line for line in render_matches(matches, f"explain ({RAW_LOG})", first)]
+    if watches is not None and watches.findings:
+        lines += [f"  silent bug: {line}" for line in watches.summary()]
     lines.append(f"  saved in {run_dir} ({RAW_LOG}, stacks.txt, verdict.txt, verdict.json)")
     lines = [safe_text(line) for line in lines]
     unsaved = _save(os.path.join(run_dir, "stacks.txt"), lambda: "".join(
@@ -503,7 +509,8 @@ def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: st
         "stacks": [{"rank": r.proc.rank, "pid": r.proc.pid, "method": r.method, "place": r.place} for r in readings],
         "ranks": [{"rank": p.rank, "index": p.index, "pid": p.pid,
                    "state": "alive" if p.alive else (p.death() or "exited with code 0")} for p in watch.ranks()],
-        "deaths": [{"rank": p.rank, "pid": p.pid, "how": p.death()} for p in watch.deaths]}), indent=2))
+        "deaths": [{"rank": p.rank, "pid": p.pid, "how": p.death()} for p in watch.deaths],
+        "findings": watches.to_json() if watches is not None else []}), indent=2))
     if unsaved:
         lines.append(f"  not saved: {'; '.join(unsaved)}")
     return lines
@@ -530,11 +537,13 @@ def run_job(spec: RunSpec) -> int:
     """
     from ddpdoctor.errors import UsageError
 
+    window = window_from_env(dict(os.environ))  # a bad DDPDOCTOR_WATCH_WINDOW: exit 2 before anything is made
     rd = prepare_run_dir(spec.run_dir)
     run_dir = rd.path
     run_id = uuid.uuid4().hex
     env = job_env(run_dir, rd.inject, dict(os.environ), run_id)
     env.setdefault("DDPDOCTOR_BEAT_S", f"{max(0.05, min(1.0, spec.hang_timeout / 10)):g}")
+    env.update(watch_env(spec.no_watch))
     try:
         tee = OutputCopy(os.path.join(run_dir, RAW_LOG))
     except OSError as exc:
@@ -553,6 +562,7 @@ def run_job(spec: RunSpec) -> int:
     tee.start(proc.stderr, _binary(sys.stderr))
     watch = _Watch(run_dir)
     stragglers = StragglerWatch(run_dir, spec.straggler_window, spec.straggler_windows)
+    watches = Watches(run_dir, window, env)
     forwarded: list = []  # SIGINT/SIGTERM to us, in order (the first is acted on in the loop: _interrupt)
 
     def forward(signum: int, _frame: object) -> None:
@@ -582,6 +592,7 @@ def run_job(spec: RunSpec) -> int:
             deaths_before = len(watch.deaths)
             moved = watch.sample(now - last)
             named = stragglers.poll(now, watch.live_ranks())
+            named += watches.poll(now, watch.ranks())
             if named:
                 _say(spec, [f"ddpdoctor run: {line}" for line in named])
             if tee.bytes != out_bytes:
@@ -602,7 +613,7 @@ def run_job(spec: RunSpec) -> int:
                 dead = watch.first_death()
                 verdict = _verdict(spec, run_dir, watch, "failed",
                                    f"{dead.label if dead else 'a rank'} ended and the others were left waiting "
-                                   f"(no progress for {idle:.0f}s)", snapshot, 1)
+                                   f"(no progress for {idle:.0f}s)", snapshot, 1, watches=watches)
                 verdict.append(f"  stopped the job (SIGTERM, SIGKILL after {spec.stop_grace:g}s); exit 1")
                 _say(spec, [f"ddpdoctor run: {dead.label if dead else 'a rank'} ended and the others were left "
                             f"waiting: stopping the job; the verdict follows its last output"])
@@ -613,7 +624,7 @@ def run_job(spec: RunSpec) -> int:
                 readings = _read_live(watch, run_dir, spec.stack_wait)
                 verdict = _verdict(spec, run_dir, watch, "hung",
                                    f"hung: no rank made progress for {spec.hang_timeout:g}s", readings,
-                                   int(ExitCode.HUNG))
+                                   int(ExitCode.HUNG), watches=watches)
                 if spec.keep_hung:  # the job goes on printing: nothing to wait for
                     _say(spec, verdict)
                     verdict = []
@@ -640,11 +651,14 @@ def run_job(spec: RunSpec) -> int:
         rd.seal()
     code = _exit_code(proc.returncode)
     if verdict_kind == "interrupted":
-        return _report_interrupt(spec, rd, watch, tee, code, stopped)
+        return _report_interrupt(spec, rd, watch, tee, code, stopped, watches)
     if verdict:
         _say(spec, verdict + _unsaved(tee))
     watch.discover()
     watch.sample(POLL)
+    late = watches.finish(watch.ranks())
+    if late:
+        _say(spec, [f"ddpdoctor run: {line}" for line in late])
     elapsed = time.monotonic() - started
     if verdict_kind == "hung" and not spec.keep_hung:
         return ExitCode.HUNG
@@ -652,7 +666,7 @@ def run_job(spec: RunSpec) -> int:
         return 1
     if verdict_kind is None and (code != 0 or watch.deaths):
         head = f"the job failed (exit {code})" if code != 0 else "the job exited 0, but a rank failed"
-        _say(spec, _verdict(spec, run_dir, watch, "failed", head, snapshot, code) + _unsaved(tee))
+        _say(spec, _verdict(spec, run_dir, watch, "failed", head, snapshot, code, watches=watches) + _unsaved(tee))
         rd.seal()
         return code
     if verdict_kind is None and code == 0:
@@ -663,7 +677,19 @@ def run_job(spec: RunSpec) -> int:
         slow = stragglers.summary()
         if slow:
             line += f"; {len(slow)} straggler{'s' if len(slow) != 1 else ''}: " + "; ".join(slow)
-        if kept:
+        if watches.findings:  # a silent bug: the directory and its verdict are kept, the exit code stays the job's
+            n = len(watches.findings)
+            line += (f"; {n} silent bug{'s' if n != 1 else ''} found: " + "; ".join(watches.summary()) +
+                     f"; saved in {run_dir} (verdict.txt, verdict.json)")
+            line = safe_text(line)
+            unsaved = _save(os.path.join(run_dir, "verdict.txt"), lambda: line + "\n")
+            unsaved += _save(os.path.join(run_dir, "verdict.json"), lambda: json.dumps(safe_data({
+                "schema": 1, "kind": "ok", "headline": f"exit 0, {n} silent bug{'s' if n != 1 else ''} found",
+                "exit_code": code, "findings": watches.to_json()}), indent=2))
+            if unsaved:
+                line += f"; not saved: {'; '.join(unsaved)}"
+            rd.seal()
+        elif kept:
             line += f"; kept {run_dir}"
         else:
             rd.remove()
@@ -712,12 +738,13 @@ def _interrupt(spec: RunSpec, proc: Launched, run_id: str, watch: _Watch, run_di
     return {"signal": sig.name, "log_end": log_end, "readings": readings, "how": how}
 
 
-def _report_interrupt(spec: RunSpec, rd: RunDir, watch: _Watch, tee: OutputCopy, code: int, stopped: dict) -> int:
+def _report_interrupt(spec: RunSpec, rd: RunDir, watch: _Watch, tee: OutputCopy, code: int, stopped: dict,
+                      watches: Optional[Watches] = None) -> int:
     """The interrupt's verdict, after the job's last output: where the ranks were; exit 130 (0 when the
     job handled the interrupt and exited 0 by itself)."""
     ours = 0 if code == 0 and stopped["how"] == "ended by itself" else int(ExitCode.INTERRUPTED)
     lines = _verdict(spec, rd.path, watch, "interrupted", f"interrupted by {stopped['signal']}", stopped["readings"],
-                     ours, log_end=stopped["log_end"])
+                     ours, log_end=stopped["log_end"], watches=watches)
     lines.append(f"  {stopped['signal']} passed to the job; it {stopped['how']} (exit {code}); exit {ours}")
     rd.seal()
     _say(spec, lines + _unsaved(tee))

@@ -34,7 +34,8 @@ __all__ = ["RunDir", "prepare_run_dir", "default_runs_root", "write_private", "M
 MARKER = ".ddpdoctor-run"
 INJECT = ".inject"
 OWN_PATTERNS = (MARKER + ".*.tmp", "proc-*.json", "beat-*", "coll-*.txt", "stacks-*.txt", "exit-*.json", ".proc-*", ".exit-*",
-                "output.raw.log", "stacks.txt", "verdict.txt", "verdict.json", "flight-recorder-rank*")
+                "output.raw.log", "stacks.txt", "verdict.txt", "verdict.json", "flight-recorder-rank*",
+                "finding-*.json", ".finding-*", "desync-*", ".desync-*", "plan-*.json", ".plan-*")
 FIXED_NAMES = (INJECT, "output.raw.log", "stacks.txt", "verdict.txt", "verdict.json")  # what every run may write
 
 
@@ -287,16 +288,26 @@ def prepare_run_dir(run_dir: Optional[str]) -> RunDir:
     return rd
 
 
+def _inject_files() -> list:
+    """(source, name in ``.inject``): the hook, the watches (:mod:`ddpdoctor.postmortem.watches`) and the
+    library's fingerprint they use, as files: the job's interpreter need not be able to import ddpdoctor."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return [(os.path.join(here, "inject", "sitecustomize.py"), "sitecustomize.py"),
+            (os.path.join(here, "inject", "_ddpdoctor_watches.py"), "_ddpdoctor_watches.py"),
+            (os.path.join(os.path.dirname(here), "diagnostics", "fingerprint.py"), "_ddpdoctor_fingerprint.py")]
+
+
 def _write_hook(inject: str) -> None:
-    """``.inject/sitecustomize.py``: the hook the ranks import (never written through a link)."""
+    """``.inject/``: the hook the ranks import and the modules it loads (never written through a link)."""
     if os.path.islink(inject):
         os.unlink(inject)
     os.makedirs(inject, mode=0o700, exist_ok=True)
-    target = os.path.join(inject, "sitecustomize.py")
-    if os.path.lexists(target):
-        os.unlink(target)
-    with open(os.path.join(os.path.dirname(__file__), "inject", "sitecustomize.py"), "rb") as src:
-        data = src.read()
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
+    for source, name in _inject_files():
+        target = os.path.join(inject, name)
+        if os.path.lexists(target):
+            os.unlink(target)
+        with open(source, "rb") as src:
+            data = src.read()
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)

@@ -33,6 +33,8 @@ In each registered process it:
   busy machine, benchmarks/bench_straggler.py), and the program keeps ``register_comm_hook`` for
   itself, before or after its first forward. The heartbeat appends the ``start end`` pairs to
   ``coll-<pid>.txt``. ``DDPDOCTOR_STRAGGLER=0`` turns all of it off;
+* in ranks, starts the watches for silent bugs (:mod:`_ddpdoctor_watches`, copied next to this file;
+  ``DDPDOCTOR_WATCH_<NAME>=0`` turns one off), which the heartbeat thread calls every beat;
 * writes ``proc-<pid>.json`` (pid, role, rank, argv, ...) so the supervisor finds it, and
   ``exit-<pid>.json`` when it ends through Python (an uncaught exception with its frames, ``sys.exit``'s
   or ``os._exit``'s code, or a normal end): a rank with no exit record was ended by a signal. The
@@ -278,6 +280,15 @@ def _ddpdoctor_install(role):
             finally:
                 os.close(fd)
 
+    watch_beat = None
+    if role in ("rank", "spawn"):
+        try:  # the watches for silent bugs (_ddpdoctor_watches, next to this file): nothing but a finder until torch
+            import _ddpdoctor_watches
+
+            watch_beat = _ddpdoctor_watches.start(run_dir, info)
+        except Exception:  # noqa: BLE001 - never break the job
+            watch_beat = None
+
     def beat():
         # Stack requests are for the main thread: blocked here, the kernel delivers them there, so the
         # dump never runs on this thread while the main thread's frames change (or the process exits).
@@ -289,6 +300,8 @@ def _ddpdoctor_install(role):
         while not stop.wait(interval):
             try:
                 flush_timings()
+                if watch_beat is not None:
+                    watch_beat()
             except Exception:  # noqa: BLE001 - never break the job
                 pass
             frame = sys._current_frames().get(main_id)

@@ -1,0 +1,571 @@
+"""The watches of ``ddpdoctor run`` inside a rank: silent bugs found in the user's unchanged job (issue 24).
+
+Copied into the run's ``.inject`` folder next to ``sitecustomize.py`` (which imports it in every rank;
+the ``_ddpdoctor_`` prefix keeps it from shadowing a user's module). Importing it costs nothing: it
+needs only the standard library until torch has finished importing, and then patches a few of torch's
+classes once (a finder on ``sys.meta_path`` sees the end of ``import torch``; the heartbeat thread
+tries again every beat, for a job that imported torch before this hook could see it).
+
+What each rank records, as files in the run directory (``ddpdoctor run`` reads them, compares the
+ranks and reports; nothing here talks to another rank, and nothing here is a collective):
+
+* ``sampler-epoch``: every pass over a ``DataLoader`` whose sampler (or batch sampler) has
+  ``set_epoch`` and shuffles is a *pass*; a pass during which an optimizer stepped is a *training
+  pass*. At the first optimizer step of a training pass, the pass's order is compared with the
+  sampler's previous training pass: the sampler's ``epoch`` and ``seed`` where it has them, else the
+  first indices the loader drew. The same order is a finding, written once per sampler
+  (``finding-<pid>-<n>.json``): set_epoch never called, or called with a constant, with the loop's
+  line and the ``set_epoch`` line. A pass with no optimizer step (evaluation on the training set)
+  is never compared, and ``shuffle=False`` is never watched.
+* ``data-plan``: at the start of every pass over a DataLoader, what the pass will read: ``len(loader)``
+  (the batches), the dataset's length, the sampler's ``num_replicas``, ``seed`` and ``drop_last``, the
+  loader's ``drop_last``; written (``plan-<pid>-<n>.json``) when it changed for that loop line, so
+  usually once per loop: ``run`` compares the ranks' plans and names a difference before the epoch's
+  end hangs on it.
+* ``desync``: optimizer steps are counted (a global step pre-hook: one Python call per step). At the
+  first step, and at the start of every step whose count is a multiple of the period ``run`` wrote
+  (``desync-period``: the optimizer steps of one window, read by the heartbeat thread when the file
+  changed; the same multiples on every rank, with no round trip per window), the parameters of every optimizer that stepped and of every DDP
+  model are fingerprinted with the library's fingerprint (``_ddpdoctor_fingerprint``, a copy of
+  :mod:`ddpdoctor.diagnostics.fingerprint`) and written as ``desync-<pid>-<kind>-<step>.json`` with
+  what the hook saw: which tensors DDP synchronizes (the parameters it had when built), which were
+  attached to a DDP model after it was built, ``init_sync``, the user's line. Once more at the end
+  (``destroy_process_group``, the first optimizer freed, or the interpreter's exit).
+  ``desync-steps-<pid>`` holds the step count, rewritten by the heartbeat thread when it changed.
+
+Nothing here counts as progress for the hang detector: the heartbeat thread only writes when the
+job's own step count moved and only reads the period after ``run`` wrote a new one, which ``run``
+does only while steps move. Every entry point catches everything: a watch must never break the job.
+"""
+
+import os
+import sys
+
+NAMES = ("sampler-epoch", "data-plan", "desync", "bn-drift", "solo-wait")
+_LIBRARY = ("/torch/", "/site-packages/", "/dist-packages/", "/lib/python3", "/.inject/", "<frozen", "<string>",
+            "/ddpdoctor/postmortem/inject/")
+
+_state = None
+
+
+def enabled(name, env=None):
+    """Whether the watch ``name`` is on (``DDPDOCTOR_WATCH_<NAME>=0`` turns it off)."""
+    env = os.environ if env is None else env
+    return env.get("DDPDOCTOR_WATCH_" + name.upper().replace("-", "_"), "1") != "0"
+
+
+def _where(frame):
+    """``func (file:line)`` of the innermost frame at or above ``frame`` that is the user's code."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not any(part in name for part in _LIBRARY):
+            return f"{frame.f_code.co_name} ({name}:{frame.f_lineno})"
+        frame = frame.f_back
+    return ""
+
+
+def _write_json(run_dir, name, data):
+    import json
+
+    tmp = os.path.join(run_dir, f".{name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, os.path.join(run_dir, name))
+
+
+class _SamplerLog:
+    """What the watch knows of one sampler: its set_epoch calls and its last training pass."""
+
+    __slots__ = ("calls", "value", "set_where", "last", "reported")
+
+    def __init__(self):
+        self.calls = 0
+        self.value = None
+        self.set_where = ""
+        self.last = None  # (order key, loop line) of the last training pass
+        self.reported = False
+
+
+class _Pass:
+    """One iteration over a DataLoader whose sampler reshuffles with set_epoch."""
+
+    __slots__ = ("log", "sampler", "key", "first", "where", "iterator", "kind")
+
+    def __init__(self, log, sampler, key, where, iterator, kind):
+        self.log, self.sampler, self.key, self.where, self.iterator, self.kind = log, sampler, key, where, iterator, kind
+        self.first = None
+
+
+def _recorded(indices, p):
+    """The loader's index iterator, unchanged, noting the first batch of indices it yields."""
+    try:
+        first = next(indices)
+    except StopIteration:
+        return
+    try:
+        p.first = tuple(int(i) for i in first[:16]) if isinstance(first, (list, tuple)) else (int(first),)
+    except Exception:  # noqa: BLE001 - indices of an unusual kind: compared as they are
+        p.first = (repr(first)[:200],)
+    yield first
+    yield from indices
+
+
+class _Rank:
+    """The watches of this process."""
+
+    def __init__(self, run_dir, info):
+        import threading
+
+        self.run_dir = run_dir
+        self.info = info
+        self.pid = os.getpid()
+        self.sampler_on = enabled("sampler-epoch")
+        self.plan_on = enabled("data-plan")
+        self.plans = {}  # loop line -> the last data plan written for it
+        self.desync_on = enabled("desync")
+        self.installed = False
+        self.lock = threading.Lock()
+        self.steps = 0
+        self.period = 0  # desync: fingerprint at the start of every step whose count is a multiple of it
+        self.period_seen = None
+        self.steps_written = -1
+        self.findings = 0
+        self.open_passes = []
+        self.optimizers = []  # weak references, in the order first seen
+        self.seen_optimizers = set()  # id() of every optimizer that stepped
+        self.names = {}  # optimizer's index in self.optimizers -> names of its parameters
+        self.ddps = []  # weak references to the DDP models built
+        self.final_done = False
+
+    # --- installation --------------------------------------------------------------------------
+
+    def install(self, torch_done=False):
+        """Patch torch once it is loaded; True when done. ``torch_done``: called right after torch's own
+        module ran (its import is still marked as initializing then, its submodules are not)."""
+        if self.installed:
+            return True
+        mods = sys.modules
+        need = ("torch", "torch.optim.optimizer", "torch.utils.data.dataloader", "torch.nn.parallel.distributed",
+                "torch.utils.data.distributed")
+        for name in need:
+            mod = mods.get(name)
+            if mod is None or (getattr(getattr(mod, "__spec__", None), "_initializing", False)
+                               and not (torch_done and name == "torch")):
+                return False
+        with self.lock:
+            if self.installed:
+                return True
+            self.installed = True
+            import atexit
+
+            self._patch_loader()
+            self._patch_ddp()
+            mods["torch.optim.optimizer"].register_optimizer_step_pre_hook(self.pre_step)
+            atexit.register(self.final, "the interpreter's exit")
+        return True
+
+    def _patch_loader(self):
+        dataloader = sys.modules["torch.utils.data.dataloader"].DataLoader
+        sampler_cls = sys.modules["torch.utils.data.distributed"].DistributedSampler
+        if self.sampler_on:
+            self._wrap_set_epoch(sampler_cls)
+        if self.sampler_on or self.plan_on:
+            real_iter = dataloader.__iter__
+            if not getattr(real_iter, "_ddpdoctor_watch", False):
+                state = self
+
+                def __iter__(loader):
+                    it = real_iter(loader)
+                    try:
+                        state.pass_started(loader, it, sys._getframe(1))
+                    except Exception:  # noqa: BLE001 - never break the job
+                        pass
+                    return it
+
+                __iter__._ddpdoctor_watch = True
+                __iter__.__wrapped__ = real_iter
+                dataloader.__iter__ = __iter__
+
+    def _wrap_set_epoch(self, cls):
+        real = cls.__dict__.get("set_epoch")
+        if real is None:
+            for base in cls.__mro__:
+                real = base.__dict__.get("set_epoch")
+                if real is not None:
+                    break
+        if real is None or getattr(real, "_ddpdoctor_watch", False) or not callable(real):
+            return
+        state = self
+
+        def set_epoch(sampler, epoch, *args, **kwargs):
+            try:
+                log = sampler.__dict__.get("_ddpdoctor_log")
+                if log is None:
+                    log = sampler.__dict__["_ddpdoctor_log"] = _SamplerLog()
+                log.calls += 1
+                log.value = epoch if isinstance(epoch, (int, float, str)) else repr(epoch)[:50]
+                log.set_where = _where(sys._getframe(1))
+            except Exception:  # noqa: BLE001
+                pass
+            return real(sampler, epoch, *args, **kwargs)
+
+        set_epoch._ddpdoctor_watch = True
+        set_epoch.__wrapped__ = real
+        set_epoch.__doc__ = getattr(real, "__doc__", None)
+        try:
+            setattr(cls, "set_epoch", set_epoch)
+        except (TypeError, AttributeError):
+            pass
+        del state
+
+    def _patch_ddp(self):
+        ddp = sys.modules["torch.nn.parallel.distributed"].DistributedDataParallel
+        real_init = ddp.__init__
+        if getattr(real_init, "_ddpdoctor_watch", False):
+            return
+        state = self
+
+        def __init__(model, module, *args, **kwargs):
+            real_init(model, module, *args, **kwargs)
+            try:
+                state.ddp_built(model, module, args, kwargs, sys._getframe(1))
+            except Exception:  # noqa: BLE001
+                pass
+
+        __init__._ddpdoctor_watch = True
+        __init__.__wrapped__ = real_init
+        ddp.__init__ = __init__
+        c10d = sys.modules.get("torch.distributed.distributed_c10d")
+        package = sys.modules.get("torch.distributed")
+        real_destroy = getattr(c10d, "destroy_process_group", None)
+        if real_destroy is not None and not getattr(real_destroy, "_ddpdoctor_watch", False):
+            def destroy_process_group(*args, **kwargs):
+                state.final("destroy_process_group")
+                return real_destroy(*args, **kwargs)
+
+            destroy_process_group._ddpdoctor_watch = True
+            destroy_process_group.__wrapped__ = real_destroy
+            destroy_process_group.__doc__ = real_destroy.__doc__
+            c10d.destroy_process_group = destroy_process_group
+            if getattr(package, "destroy_process_group", None) is real_destroy:
+                package.destroy_process_group = destroy_process_group
+
+    # --- what the patches call -----------------------------------------------------------------
+
+    def ddp_built(self, model, module, args, kwargs, frame):
+        import weakref
+
+        init_sync = kwargs.get("init_sync", args[4] if len(args) > 4 else True)
+        model.__dict__["_ddpdoctor_built"] = {
+            "params": frozenset(id(p) for p in module.parameters()), "init_sync": bool(init_sync),
+            "where": _where(frame)}
+        self.ddps.append(weakref.ref(model))
+
+    def pass_started(self, loader, it, frame):
+        """A DataLoader iteration starts: remember its order if its sampler reshuffles with set_epoch."""
+        if os.getpid() != self.pid:
+            return
+        where = _where(frame)
+        if self.plan_on:
+            self._plan(loader, where)
+        if not self.sampler_on:
+            return
+        sampler = None
+        for candidate in (getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None),
+                          getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+            if candidate is not None and callable(getattr(candidate, "set_epoch", None)):
+                sampler = candidate
+                break
+        if sampler is None or getattr(sampler, "shuffle", True) is False:
+            return
+        self._wrap_set_epoch(type(sampler))
+        log = sampler.__dict__.get("_ddpdoctor_log")
+        if log is None:
+            log = sampler.__dict__["_ddpdoctor_log"] = _SamplerLog()
+        if log.reported:
+            return
+        import weakref
+
+        if hasattr(sampler, "epoch") and hasattr(sampler, "shuffle"):
+            key = ("epoch", repr(sampler.epoch)[:50], repr(getattr(sampler, "seed", None))[:50])
+            kind = "epoch"
+        else:
+            key, kind = None, "indices"
+        p = _Pass(log, type(sampler).__name__, key, where, weakref.ref(it), kind)
+        if key is None:
+            inner = getattr(it, "_sampler_iter", None)
+            if inner is None:
+                return
+            it._sampler_iter = _recorded(inner, p)
+        # a loader with persistent workers hands out the same iterator every pass: a new pass ends the last
+        self.open_passes = [q for q in self.open_passes if q.iterator() is not None and q.iterator() is not it] + [p]
+
+    def _plan(self, loader, where):
+        """data-plan: what this pass will read (batches, the sampler's shard), written when it changed."""
+        plan = {}
+        for name, get in (("batches", lambda: len(loader)), ("dataset length", lambda: len(loader.dataset))):
+            try:
+                plan[name] = int(get())
+            except Exception:  # noqa: BLE001 - an IterableDataset, a sampler without __len__
+                pass
+        sampler = getattr(loader, "sampler", None)
+        for attr, name in (("num_replicas", "num_replicas"), ("seed", "seed"), ("drop_last", "sampler drop_last")):
+            value = getattr(sampler, attr, None)
+            if isinstance(value, (int, bool)):
+                plan[name] = value
+        if isinstance(getattr(loader, "drop_last", None), bool):
+            plan["loader drop_last"] = loader.drop_last
+        if self.plans.get(where) == plan:
+            return
+        self.plans[where] = plan
+        self.findings += 1
+        _write_json(self.run_dir, f"plan-{self.pid}-{self.findings}.json", {
+            "pid": self.pid, "rank": self._rank(), "where": where, "plan": plan, "n": self.findings})
+
+    def pre_step(self, optimizer, args, kwargs):
+        """The global optimizer step pre-hook: one call per step, kept short."""
+        self.steps += 1
+        try:
+            if self.open_passes:
+                self._passes_trained()
+            if self.desync_on and (self.steps == 1 or (self.period and self.steps % self.period == 0)
+                                   or id(optimizer) not in self.seen_optimizers):
+                self._desync_step(optimizer)
+        except Exception:  # noqa: BLE001 - never break the job
+            pass
+
+    def _passes_trained(self):
+        passes, self.open_passes = self.open_passes, []
+        for p in passes:
+            if p.iterator() is None:
+                continue  # ended with no optimizer step: an evaluation pass, never compared
+            self._compare_pass(p)
+
+    def _compare_pass(self, p):
+        log = p.log
+        key = p.key if p.key is not None else (("first",) + p.first if p.first is not None else None)
+        if key is None:
+            return
+        previous, log.last = log.last, (key, p.where)
+        if previous is None or previous[0] != key or log.reported:
+            return
+        log.reported = True
+        loop = p.where or previous[1]
+        name = p.sampler
+        if p.kind == "epoch" and log.calls == 0:
+            what = (f"the {name}'s shuffled order repeats every epoch: set_epoch is never called, so each "
+                    f"training pass over the loader (the loop at {loop}) reads the same order")
+            fix = "call sampler.set_epoch(epoch) at the start of every epoch, before the loop over the loader"
+            key_name = "never-called"
+        elif p.kind == "epoch":
+            what = (f"the {name}'s shuffled order repeats every epoch: set_epoch is called with the same value "
+                    f"({log.value}) every epoch (at {log.set_where}), so each training pass over the loader (the "
+                    f"loop at {loop}) reads the same order")
+            fix = "pass the epoch number that changes every epoch: sampler.set_epoch(epoch)"
+            key_name = "constant"
+        else:
+            what = (f"the {name}'s first indices repeat from one training pass to the next (the loop at {loop}): "
+                    f"its order does not change between epochs" + (
+                        f" (set_epoch called with {log.value} at {log.set_where})" if log.calls else
+                        " (set_epoch is never called)"))
+            fix = "call sampler.set_epoch(epoch) with the epoch number at the start of every epoch"
+            key_name = "indices"
+        self.report("sampler-epoch", f"{key_name}:{loop}", what, fix, where=loop)
+
+    def report(self, watch, key, what, fix, where=""):
+        """Write one finding of this rank for ``run`` to read (and to name once, with the other ranks')."""
+        self.findings += 1
+        _write_json(self.run_dir, f"finding-{self.pid}-{self.findings}.json", {
+            "pid": self.pid, "rank": self._rank(), "watch": watch, "key": key, "what": what, "fix": fix,
+            "where": where, "step": self.steps})
+
+    def _rank(self):
+        td = sys.modules.get("torch.distributed")
+        try:
+            if td is not None and td.is_available() and td.is_initialized():
+                return int(td.get_rank())
+        except Exception:  # noqa: BLE001
+            pass
+        return self.info.get("rank")
+
+    # --- desync ----------------------------------------------------------------------------------
+
+    def _desync_step(self, optimizer):
+        import weakref
+
+        if id(optimizer) not in self.seen_optimizers:
+            self.seen_optimizers.add(id(optimizer))
+            self.optimizers.append(weakref.ref(optimizer))
+            params = [p for g in optimizer.param_groups for p in g["params"]]
+            weakref.finalize(optimizer, self._final_of, len(self.optimizers) - 1, params)
+        if self.steps == 1:
+            self.fingerprint("start", sys._getframe(2))
+        elif self.period and self.steps % self.period == 0:
+            self.fingerprint("window", sys._getframe(2))
+
+    def _final_of(self, index, params):
+        self.final("the optimizer freed", extra=(index, params))
+
+    def final(self, why, extra=None):
+        """The last fingerprint of this rank (once): at destroy_process_group, the first optimizer
+        freed, or the exit."""
+        if self.final_done or not self.desync_on or self.steps == 0 or os.getpid() != self.pid:
+            return
+        self.final_done = True
+        try:
+            self.fingerprint("final", None, extra=extra, why=why)
+        except Exception:  # noqa: BLE001 - never break the job (nor its exit)
+            pass
+
+    def _param_names(self, frame):
+        """``id(param) -> name`` from the modules in the user's frames (``model.module.fc.weight``)."""
+        module_cls = sys.modules["torch.nn.modules.module"].Module
+        names = {}
+
+        def add(prefix, module):
+            for n, p in module.named_parameters():
+                names.setdefault(id(p), f"{prefix}.{n}")
+
+        depth = 0
+        while frame is not None and depth < 40:
+            depth += 1
+            if not any(part in frame.f_code.co_filename for part in _LIBRARY):
+                for var, value in list(frame.f_locals.items()):
+                    if isinstance(value, module_cls):
+                        add(var, value)
+                    elif var == "self" and hasattr(value, "__dict__"):
+                        for attr, v in list(vars(value).items()):
+                            if isinstance(v, module_cls):
+                                add(f"self.{attr}", v)
+            frame = frame.f_back
+        return names
+
+    def fingerprint(self, kind, frame, extra=None, why=""):
+        """Fingerprint the optimizers' and DDP models' parameters; write the record for ``run``."""
+        fpm = __import__("_ddpdoctor_fingerprint")
+        import torch
+
+        ddps = [m for m in (r() for r in self.ddps) if m is not None]
+        synced, attached, module_now = set(), set(), {}
+        for m in ddps:
+            built = m.__dict__.get("_ddpdoctor_built", {})
+            synced |= built.get("params", frozenset())
+            for n, p in m.module.named_parameters():
+                module_now.setdefault(id(p), p)
+        attached = {i for i in module_now if i not in synced}
+        names = self._param_names(frame) if frame is not None else {}
+        tensors = []  # (name, tensor)
+        seen = set()
+        for k, ref in enumerate(self.optimizers):
+            opt = ref()
+            if extra is not None and extra[0] == k:
+                params = extra[1]
+            elif opt is not None:
+                params = [p for g in opt.param_groups for p in g["params"]]
+            else:
+                continue
+            known = self.names.get(k)
+            if known is None or len(known) != len(params):
+                known = [names.get(id(p)) or f"optimizer {k} parameter {i} {tuple(p.shape)}" for i, p in enumerate(params)]
+                self.names[k] = known
+            for name, p in zip(known, params):
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    tensors.append((name, p, id(p)))
+        for j, m in enumerate(ddps):
+            for n, p in m.named_parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    tensors.append((names.get(id(p)) or f"ddp {j} {n}", p, id(p)))
+        by_device = {}
+        for i, (_, p, _) in enumerate(tensors):
+            by_device.setdefault(p.device, []).append(i)
+        values = [0] * len(tensors)
+        with torch.no_grad():
+            for idx in by_device.values():
+                fps = fpm.fingerprint_many([tensors[i][1] for i in idx]).tolist()
+                for i, v in zip(idx, fps):
+                    values[i] = v
+        record = {
+            "pid": self.pid, "rank": self._rank(), "kind": kind, "step": self.steps, "why": why,
+            "where": _where(frame) if frame is not None else "",
+            "ddp": [m.__dict__.get("_ddpdoctor_built", {}).get("where", "") for m in ddps],
+            "init_sync_off": [m.__dict__.get("_ddpdoctor_built", {}).get("where", "") for m in ddps
+                              if not m.__dict__.get("_ddpdoctor_built", {}).get("init_sync", True)],
+            "tensors": [[name, values[i], "ddp" if pid_ in synced else ("attached" if pid_ in attached else "")]
+                        for i, (name, _, pid_) in enumerate(tensors)],
+        }
+        _write_json(self.run_dir, f"desync-{self.pid}-{kind}-{self.steps}.json", record)
+
+    # --- the heartbeat thread --------------------------------------------------------------------
+
+    def beat(self):
+        """Called by the heartbeat thread every beat: install late, publish the step count, read the period."""
+        if not self.installed and not self.install():
+            return
+        if not self.desync_on:
+            return
+        steps = self.steps
+        if steps != self.steps_written:
+            self.steps_written = steps
+            path = os.path.join(self.run_dir, f"desync-steps-{self.pid}")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            try:
+                os.pwrite(fd, b"%012d\n" % steps, 0)
+            finally:
+                os.close(fd)
+        try:
+            st = os.stat(os.path.join(self.run_dir, "desync-period"))
+        except OSError:
+            return
+        seen = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if seen != self.period_seen:
+            self.period_seen = seen
+            try:
+                with open(os.path.join(self.run_dir, "desync-period"), "rb") as f:
+                    self.period = max(0, int(f.read(32).split()[0]))
+            except (OSError, ValueError, IndexError):
+                pass
+
+
+class _TorchLoaded:
+    """A ``sys.meta_path`` finder that installs the watches right after ``import torch`` finished."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        import importlib.machinery
+
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        real = spec.loader.exec_module
+        state = self.state
+
+        def exec_module(module):
+            real(module)
+            try:
+                state.install(torch_done=True)
+            except Exception:  # noqa: BLE001
+                pass
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def start(run_dir, info):
+    """Start the watches in this rank (called by the injected sitecustomize); the beat function."""
+    global _state
+    if not any(enabled(n) for n in ("sampler-epoch", "data-plan", "desync")):
+        return None
+    _state = _Rank(run_dir, info)
+    if "torch" in sys.modules:
+        _state.install()
+    else:
+        sys.meta_path.insert(0, _TorchLoaded(_state))
+    return _state.beat
