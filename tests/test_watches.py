@@ -301,11 +301,11 @@ def test_evaluation_pass_on_a_persistent_workers_loader_is_not_a_training_pass(t
     training at the next epoch's first step."""
     import os
 
-    import ddpdoctor.postmortem.jobrun as jobrun
+    import ddpdoctor.postmortem.rundir as rundir
 
     inject = tmp_path / "inject"
     inject.mkdir()
-    for source, name in jobrun._inject_files():
+    for source, name in rundir._inject_files():
         if name != "sitecustomize.py":
             os.symlink(source, inject / name)
     script = tmp_path / "rank_side.py"
