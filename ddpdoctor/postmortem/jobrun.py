@@ -220,6 +220,7 @@ class _Watch:
         self.procs: dict = {}
         self.deaths: list = []  # ranks that failed, in the order seen
         self.exits: list = []  # ranks that exited normally
+        self.recorder_request = None  # the last Flight Recorder dump request (ddpdoctor.postmortem.recorder)
 
     def discover(self) -> None:
         for path in glob.glob(os.path.join(glob.escape(self.run_dir), "proc-*.json")):
@@ -401,13 +402,31 @@ def _settle(proc: Launched, run_id: str, grace: float) -> None:
 
 
 def _read_live(watch: _Watch, run_dir: str, wait: float, only_read: bool = False) -> list:
+    """Every live rank's stack; the live ranks also dump their Flight Recorder meanwhile (asked first, so
+    the dumps are written while the stacks are read; waited for after, ``wait`` s from the request at most)."""
+    from ddpdoctor.postmortem.recorder import request_dumps, wait_dumps
     from ddpdoctor.postmortem.stacks import RankProcess, read_stacks
 
     live = [p for p in watch.live_ranks() if _running(p.pid)] or \
         [p for p in watch.procs.values() if p.alive and _running(p.pid)]
+    asked = [p.pid for p in live if p.is_rank]
+    start = time.monotonic()
+    if asked:
+        watch.recorder_request = request_dumps(run_dir, max(wait, 2.0)) or watch.recorder_request
     procs = [RankProcess(p.pid, p.rank, run_dir=run_dir, index=p.index) for p in live]
     readings = read_stacks(procs, wait)
+    if asked:
+        wait_dumps(run_dir, watch.recorder_request, asked, start + max(wait, 2.0))
     return [r for r in readings if r.stack or not only_read]
+
+
+def _recorder(run_dir: str, watch: _Watch):
+    """The ranks' Flight Recorder dumps for the verdict (:func:`ddpdoctor.postmortem.recorder.read_recorder`)."""
+    from ddpdoctor.postmortem.recorder import RankRef, read_recorder
+
+    refs = [RankRef(p.rank, p.pid, p.alive, "" if p.alive else (p.death() or "exited with code 0"))
+            for p in watch.ranks()]
+    return read_recorder(run_dir, refs, watch.recorder_request)
 
 
 _LAUNCHER_EXC = re.compile(r"^(?P<exc>(?:torch\.distributed\.elastic\.multiprocessing\.errors\.ChildFailedError|"
@@ -446,6 +465,7 @@ def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: st
     the part explained; what it printed as it stopped is the interrupt's doing)."""
     from ddpdoctor.causes.matcher import explain_text, first_failure
     from ddpdoctor.postmortem.explain import render_matches
+    from ddpdoctor.postmortem.recorder import lead_lines
     from ddpdoctor.postmortem.stacks import render_groups
 
     text = _tail(os.path.join(run_dir, RAW_LOG), end=log_end)
@@ -460,6 +480,8 @@ def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: st
     lines = [f"ddpdoctor run: {headline}" + (f"; cause: {cause}" if cause and kind == "failed" else "")]
     if kind != "failed" and cause:
         lines.append(f"  before it {'hung' if kind == 'hung' else 'was interrupted'}: {cause}")
+    recorder = _recorder(run_dir, watch)  # the divergent collective leads; nothing when no rank could dump
+    lines += ["  " + line for line in lead_lines(recorder, {r.proc.rank: r.place for r in readings if r.stack})]
     if readings:
         if kind == "interrupted":
             lines.append("  where the ranks were when it was interrupted:")
@@ -489,7 +511,8 @@ def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: st
         "stacks": [{"rank": r.proc.rank, "pid": r.proc.pid, "method": r.method, "place": r.place} for r in readings],
         "ranks": [{"rank": p.rank, "index": p.index, "pid": p.pid,
                    "state": "alive" if p.alive else (p.death() or "exited with code 0")} for p in watch.ranks()],
-        "deaths": [{"rank": p.rank, "pid": p.pid, "how": p.death()} for p in watch.deaths]}, indent=2))
+        "deaths": [{"rank": p.rank, "pid": p.pid, "how": p.death()} for p in watch.deaths],
+        "flight_recorder": recorder.to_dict()}, indent=2))
     if unsaved:
         lines.append(f"  not saved: {'; '.join(unsaved)}")
     return lines

@@ -34,7 +34,9 @@ __all__ = ["RunDir", "prepare_run_dir", "default_runs_root", "write_private", "M
 MARKER = ".ddpdoctor-run"
 INJECT = ".inject"
 OWN_PATTERNS = (MARKER + ".*.tmp", "proc-*.json", "beat-*", "coll-*.txt", "stacks-*.txt", "exit-*.json", ".proc-*", ".exit-*",
-                "output.raw.log", "stacks.txt", "verdict.txt", "verdict.json", "flight-recorder-rank*")
+                "output.raw.log", "stacks.txt", "verdict.txt", "verdict.json", "flight-recorder-rank*",
+                ".flight-recorder-rank*", "frdump-*.json", ".frdump-*", "fr-request", ".fr-request.*")
+HOOK_FILES = ("sitecustomize.py", "_ddpdoctor_recorder.py")  # what .inject/ holds (ddpdoctor/postmortem/inject/)
 FIXED_NAMES = (INJECT, "output.raw.log", "stacks.txt", "verdict.txt", "verdict.json")  # what every run may write
 
 
@@ -288,15 +290,17 @@ def prepare_run_dir(run_dir: Optional[str]) -> RunDir:
 
 
 def _write_hook(inject: str) -> None:
-    """``.inject/sitecustomize.py``: the hook the ranks import (never written through a link)."""
+    """``.inject/``: the hook the ranks import and the module it loads to dump the Flight Recorder (never
+    written through a link)."""
     if os.path.islink(inject):
         os.unlink(inject)
     os.makedirs(inject, mode=0o700, exist_ok=True)
-    target = os.path.join(inject, "sitecustomize.py")
-    if os.path.lexists(target):
-        os.unlink(target)
-    with open(os.path.join(os.path.dirname(__file__), "inject", "sitecustomize.py"), "rb") as src:
-        data = src.read()
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
+    for name in HOOK_FILES:
+        target = os.path.join(inject, name)
+        if os.path.lexists(target):
+            os.unlink(target)
+        with open(os.path.join(os.path.dirname(__file__), "inject", name), "rb") as src:
+            data = src.read()
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)

@@ -33,6 +33,12 @@ In each registered process it:
   busy machine, benchmarks/bench_straggler.py), and the program keeps ``register_comm_hook`` for
   itself, before or after its first forward. The heartbeat appends the ``start end`` pairs to
   ``coll-<pid>.txt``. ``DDPDOCTOR_STRAGGLER=0`` turns all of it off;
+* in a rank, starts a second daemon thread that writes the rank's PyTorch Flight Recorder dump
+  (``flight-recorder-rank<N>``, and ``frdump-<pid>.json`` saying what it answered) when ``fr-request``
+  in the run directory changes (``run`` on a hang, a death or Ctrl-C; ``stacks``): a thread, because a
+  Python signal handler does not run while the main thread is blocked in a C++ collective. A rank that
+  raises or exits non-zero writes its dump from the exception and exit handlers. The code that dumps
+  lives in ``_ddpdoctor_recorder.py`` beside this file, loaded only when a dump is wanted;
 * writes ``proc-<pid>.json`` (pid, role, rank, argv, ...) so the supervisor finds it, and
   ``exit-<pid>.json`` when it ends through Python (an uncaught exception with its frames, ``sys.exit``'s
   or ``os._exit``'s code, or a normal end): a rank with no exit record was ended by a signal.
@@ -203,6 +209,81 @@ def _ddpdoctor_time_collectives(events):
     return True
 
 
+def _ddpdoctor_recorder():
+    """The hook's Flight Recorder module (``_ddpdoctor_recorder.py`` beside this file), loaded on first use
+    by path (the job's own ``sys.path`` may have changed); None when it is absent."""
+    mod = _ddpdoctor_state.get("recorder")
+    if mod is None:
+        import importlib.util
+
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_ddpdoctor_recorder.py")
+        if not os.path.exists(path):
+            return None
+        spec = importlib.util.spec_from_file_location("_ddpdoctor_recorder", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _ddpdoctor_state["recorder"] = mod
+    return mod
+
+
+def _ddpdoctor_dump_recorder(run_dir, why, token=""):
+    """This rank's Flight Recorder dump (see ``_ddpdoctor_recorder.py``), only where torch.distributed is in
+    use; at an exit or a raise at most once. Never raises."""
+    try:
+        if why != "request":
+            if "recorder_exit" in _ddpdoctor_state or "torch.distributed" not in sys.modules:
+                return
+            _ddpdoctor_state["recorder_exit"] = True
+        mod = _ddpdoctor_recorder()
+        if mod is not None:
+            mod.dump(run_dir, why, token)
+    except Exception:  # noqa: BLE001 - never break the job
+        pass
+
+
+def _ddpdoctor_recorder_thread(run_dir, signum, interval):
+    """A daemon thread that dumps the Flight Recorder when ``run`` or ``stacks`` asks (``fr-request``
+    changed): a thread, because a Python signal handler does not run while the main thread is blocked in
+    a C++ collective; not the heartbeat's, so a slow dump never stops the beat. Idle, it looks at one
+    file's status every ``interval`` seconds."""
+    import signal
+    import threading
+    import time
+
+    request = os.path.join(run_dir, "fr-request")
+
+    def seen():
+        try:
+            st = os.stat(request)
+            return st.st_ino, st.st_mtime_ns, st.st_size
+        except OSError:
+            return None
+
+    def watch():
+        try:  # stack requests are for the main thread (see beat)
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+        except (AttributeError, OSError, ValueError):
+            pass
+        last = seen()
+        while True:
+            time.sleep(interval)
+            now = seen()
+            if now is None or now == last:
+                continue
+            last = now
+            try:
+                with open(request, encoding="utf-8") as f:
+                    token = str(__import__("json").load(f).get("token", ""))[:64]
+            except Exception:  # noqa: BLE001 - a request being replaced: the next look reads it
+                last = None
+                continue
+            _ddpdoctor_dump_recorder(run_dir, "request", token)
+
+    thread = threading.Thread(target=watch, name="ddpdoctor-recorder", daemon=True)
+    thread.start()
+    return thread
+
+
 def _ddpdoctor_install(role):
     import atexit
     import faulthandler
@@ -290,6 +371,9 @@ def _ddpdoctor_install(role):
     thread.start()
     # run's hang detector subtracts this thread's CPU time and I/O: ddpdoctor's work is not the job's
     info["own_threads"] = [getattr(thread, "native_id", None)]
+    if role in ("rank", "spawn"):  # the Flight Recorder's dumps on request: ddpdoctor's work too
+        recorder = _ddpdoctor_recorder_thread(run_dir, signum, min(interval, 0.25))
+        info["own_threads"].append(getattr(recorder, "native_id", None))
 
     def ended(how, **extra):
         if "exit" in _ddpdoctor_state or os.getpid() != pid:
@@ -314,6 +398,8 @@ def _ddpdoctor_install(role):
             ended("raised", exception=text, frames=frames)
         except Exception:  # noqa: BLE001
             pass
+        if role in ("rank", "spawn"):
+            _ddpdoctor_dump_recorder(run_dir, "raised")
         previous_hook(kind, value, tb)
 
     sys.excepthook = excepthook
@@ -330,6 +416,8 @@ def _ddpdoctor_install(role):
     def os_exit(code):  # multiprocessing's fork children end here; so do jobs that skip interpreter exit
         if os.getpid() == pid:
             ended("exit", code=code, via="os._exit")
+            if code and role in ("rank", "spawn"):
+                _ddpdoctor_dump_recorder(run_dir, "exit")
         real_os_exit(code)
 
     os._exit = os_exit
@@ -347,6 +435,8 @@ def _ddpdoctor_install(role):
         thread.join(timeout=2)
         code = _ddpdoctor_state.get("code")
         ended("exit", code=code if code is not None else 0)
+        if code and role in ("rank", "spawn"):
+            _ddpdoctor_dump_recorder(run_dir, "exit")
 
     atexit.register(finish)
     _ddpdoctor_write_json(f"proc-{pid}.json", info)
