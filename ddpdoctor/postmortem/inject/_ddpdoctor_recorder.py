@@ -47,13 +47,14 @@ def _write(path, data, mode="wb"):
     os.replace(tmp, path)
 
 
-def dump(run_dir, why, token=""):
+def dump(run_dir, why, token="", stages=("quick", "full")):
     """Write this rank's dump into ``run_dir`` and the outcome into ``frdump-<pid>.json``; never raises.
 
-    Twice: first without the Python stacks (under a millisecond), then with them, replacing the first.
-    With a collective in flight (a hang), torch 2.13 takes about 5 s to symbolize the stacks (measured;
-    the GIL stays free meanwhile, so the job is not stalled): whoever asked reads the first one if the
-    second is late.
+    In ``stages``: ``quick``, without the Python stacks (under a millisecond), then ``full``, with them,
+    replacing the first. torch 2.13 takes about 5 s to symbolize the stacks (measured on gloo, with or
+    without a collective in flight; the GIL stays free meanwhile, so the job is not stalled): whoever
+    asked reads the quick one if the full one is late. The hook runs the two stages on two threads, so a
+    full dump in progress never delays the quick answer to the next request.
 
     Args:
         run_dir: the run directory.
@@ -61,7 +62,7 @@ def dump(run_dir, why, token=""):
     """
     pid = os.getpid()
     record = {}
-    for stage in ("quick", "full"):
+    for stage in stages:
         started = time.monotonic()
         record = {"pid": pid, "why": why, "token": token, "stage": stage, "t": time.time()}
         try:

@@ -37,7 +37,7 @@ In each registered process it:
   (``flight-recorder-rank<N>``, and ``frdump-<pid>.json`` saying what it answered) when ``fr-request``
   in the run directory changes (``run`` on a hang, a death or Ctrl-C; ``stacks``): a thread, because a
   Python signal handler does not run while the main thread is blocked in a C++ collective. A rank that
-  raises or exits non-zero writes its dump from the exception and exit handlers. The code that dumps
+  raises or exits non-zero writes its dump (without stacks) from the exception and exit handlers. The code that dumps
   lives in ``_ddpdoctor_recorder.py`` beside this file, loaded only when a dump is wanted;
 * writes ``proc-<pid>.json`` (pid, role, rank, argv, ...) so the supervisor finds it, and
   ``exit-<pid>.json`` when it ends through Python (an uncaught exception with its frames, ``sys.exit``'s
@@ -226,9 +226,10 @@ def _ddpdoctor_recorder():
     return mod
 
 
-def _ddpdoctor_dump_recorder(run_dir, why, token=""):
+def _ddpdoctor_dump_recorder(run_dir, why, token="", stages=("quick", "full")):
     """This rank's Flight Recorder dump (see ``_ddpdoctor_recorder.py``), only where torch.distributed is in
-    use; at an exit or a raise at most once. Never raises."""
+    use; at an exit or a raise at most once, and without stacks (the stacks take seconds: a failing rank's
+    end is not delayed; its exit record holds its traceback). Never raises."""
     try:
         if why != "request":
             if "recorder_exit" in _ddpdoctor_state or "torch.distributed" not in sys.modules:
@@ -236,21 +237,25 @@ def _ddpdoctor_dump_recorder(run_dir, why, token=""):
             _ddpdoctor_state["recorder_exit"] = True
         mod = _ddpdoctor_recorder()
         if mod is not None:
-            mod.dump(run_dir, why, token)
+            mod.dump(run_dir, why, token, stages)
     except Exception:  # noqa: BLE001 - never break the job
         pass
 
 
 def _ddpdoctor_recorder_thread(run_dir, signum, interval):
-    """A daemon thread that dumps the Flight Recorder when ``run`` or ``stacks`` asks (``fr-request``
-    changed): a thread, because a Python signal handler does not run while the main thread is blocked in
-    a C++ collective; not the heartbeat's, so a slow dump never stops the beat. Idle, it looks at one
-    file's status every ``interval`` seconds."""
+    """Two daemon threads that dump the Flight Recorder when ``run`` or ``stacks`` asks (``fr-request``
+    changed): threads, because a Python signal handler does not run while the main thread is blocked in
+    a C++ collective; not the heartbeat's, so a slow dump never stops the beat. The first writes the
+    quick dump (no stacks) at once and hands the request to the second, which writes the dump with
+    stacks (seconds: see ``_ddpdoctor_recorder.py``; only the latest request waiting). Idle, the first
+    looks at one file's status every ``interval`` seconds; the second sleeps on an event."""
     import signal
     import threading
     import time
 
     request = os.path.join(run_dir, "fr-request")
+    wanted = []
+    ready = threading.Event()
 
     def seen():
         try:
@@ -277,11 +282,25 @@ def _ddpdoctor_recorder_thread(run_dir, signum, interval):
             except Exception:  # noqa: BLE001 - a request being replaced: the next look reads it
                 last = None
                 continue
-            _ddpdoctor_dump_recorder(run_dir, "request", token)
+            _ddpdoctor_dump_recorder(run_dir, "request", token, ("quick",))
+            wanted[:] = [token]
+            ready.set()
 
-    thread = threading.Thread(target=watch, name="ddpdoctor-recorder", daemon=True)
-    thread.start()
-    return thread
+    def full():
+        try:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+        except (AttributeError, OSError, ValueError):
+            pass
+        while ready.wait():
+            ready.clear()
+            if wanted:
+                _ddpdoctor_dump_recorder(run_dir, "request", wanted.pop(), ("full",))
+
+    threads = [threading.Thread(target=watch, name="ddpdoctor-recorder", daemon=True),
+               threading.Thread(target=full, name="ddpdoctor-recorder-stacks", daemon=True)]
+    for thread in threads:
+        thread.start()
+    return threads
 
 
 def _ddpdoctor_install(role):
@@ -372,8 +391,8 @@ def _ddpdoctor_install(role):
     # run's hang detector subtracts this thread's CPU time and I/O: ddpdoctor's work is not the job's
     info["own_threads"] = [getattr(thread, "native_id", None)]
     if role in ("rank", "spawn"):  # the Flight Recorder's dumps on request: ddpdoctor's work too
-        recorder = _ddpdoctor_recorder_thread(run_dir, signum, min(interval, 0.25))
-        info["own_threads"].append(getattr(recorder, "native_id", None))
+        info["own_threads"] += [getattr(t, "native_id", None)
+                                for t in _ddpdoctor_recorder_thread(run_dir, signum, min(interval, 0.25))]
 
     def ended(how, **extra):
         if "exit" in _ddpdoctor_state or os.getpid() != pid:
@@ -399,7 +418,7 @@ def _ddpdoctor_install(role):
         except Exception:  # noqa: BLE001
             pass
         if role in ("rank", "spawn"):
-            _ddpdoctor_dump_recorder(run_dir, "raised")
+            _ddpdoctor_dump_recorder(run_dir, "raised", "", ("quick",))
         previous_hook(kind, value, tb)
 
     sys.excepthook = excepthook
@@ -417,7 +436,7 @@ def _ddpdoctor_install(role):
         if os.getpid() == pid:
             ended("exit", code=code, via="os._exit")
             if code and role in ("rank", "spawn"):
-                _ddpdoctor_dump_recorder(run_dir, "exit")
+                _ddpdoctor_dump_recorder(run_dir, "exit", "", ("quick",))
         real_os_exit(code)
 
     os._exit = os_exit
@@ -436,7 +455,7 @@ def _ddpdoctor_install(role):
         code = _ddpdoctor_state.get("code")
         ended("exit", code=code if code is not None else 0)
         if code and role in ("rank", "spawn"):
-            _ddpdoctor_dump_recorder(run_dir, "exit")
+            _ddpdoctor_dump_recorder(run_dir, "exit", "", ("quick",))
 
     atexit.register(finish)
     _ddpdoctor_write_json(f"proc-{pid}.json", info)
