@@ -99,13 +99,23 @@ def request_dumps(run_dir: str, wait: float) -> Optional[DumpRequest]:
     return DumpRequest(token, time.time(), wait)
 
 
-def _answered(status: Optional[dict], req: Optional[DumpRequest]) -> bool:
-    """The status record answers ``req``, or was written at the rank's end (then it is final)."""
+RECENT_S = 60.0
+"""A rank that answered a request this recently writes no dump at its end (the hook): for a rank that
+ended, a request's dump this young is its last (whoever asked)."""
+
+
+def _answered(status: Optional[dict], req: Optional[DumpRequest], ended: bool = False) -> bool:
+    """The status record answers ``req``, or was written at the rank's end (then it is final), or, for a
+    rank that ended, answered any request in the last :data:`RECENT_S` seconds (its hook then wrote none
+    at its end)."""
     if status is None:
         return False
     if status.get("why") in ("raised", "exit"):
         return True
-    return req is not None and status.get("token") == req.token
+    if req is not None and status.get("token") == req.token:
+        return True
+    t = status.get("t")
+    return ended and isinstance(t, (int, float)) and time.time() - t < 2 * RECENT_S
 
 
 def _final(status: Optional[dict]) -> bool:
@@ -139,9 +149,9 @@ def read_recorder(run_dir: str, ranks: Sequence[RankRef], req: Optional[DumpRequ
     for r in ranks:
         status = _status(run_dir, r.pid)
         key = r.rank if r.rank is not None else f"pid {r.pid}"
-        if _answered(status, req) and isinstance(status.get("rank"), int) and status.get("file"):
+        if _answered(status, req, not r.alive) and isinstance(status.get("rank"), int) and status.get("file"):
             fresh.add(status["rank"])
-        elif _answered(status, req) and status.get("error"):
+        elif _answered(status, req, not r.alive) and status.get("error"):
             reading.no_dump[key] = f"could not dump: {status['error']}"
             errors.append(status["error"])
         elif r.alive and req is not None:
@@ -229,12 +239,26 @@ def lead_lines(reading: RecorderReading, places: Optional[dict] = None) -> list:
             out.append(safe_text(f"  cause: {v.cause}"))
     if not out:
         n = len(reading.dumps.dumps)
-        out.append(f"Flight Recorder: no divergence in the collectives of the {n} rank{'s' if n != 1 else ''} that "
-                   "dumped (the ranks agree on every recorded call)")
+        if not reading.no_dump:
+            out.append(f"Flight Recorder: no divergence in the collectives of the {n} rank{'s' if n != 1 else ''} "
+                       "that dumped (the ranks agree on every recorded call)")
+        for v in reading.verdicts if reading.no_dump else ():
+            last = _last_call(reading.dumps, v.group, v.last_seq)
+            if last is not None:
+                rs, e = last
+                out.append(f"Flight Recorder: no divergence among the ranks that dumped; {_group_name(v)}'s last "
+                           f"collective: #{e.seq} {describe_entry(e)}, entered by {_ranks(rs)}")
     for key, why in sorted(reading.no_dump.items(), key=lambda kv: str(kv[0])):
         who = f"rank {key}" if isinstance(key, int) else key
         out.append(safe_text(f"  {who}: {why}"))
     return out
+
+
+def _last_call(dumps: DumpSet, group: str, seq: int) -> Optional[tuple]:
+    """(ranks, entry) of the ranks whose dump holds collective ``seq`` of ``group``; None when none does."""
+    found = [(r, e) for r, d in sorted(dumps.dumps.items()) for e in d.entries if e.group == group and e.seq == seq
+             and not e.is_p2p]
+    return ([r for r, _ in found], found[0][1]) if found else None
 
 
 def _state(d: RankDump, e) -> str:

@@ -229,12 +229,20 @@ def _ddpdoctor_recorder():
 def _ddpdoctor_dump_recorder(run_dir, why, token="", stages=("quick", "full")):
     """This rank's Flight Recorder dump (see ``_ddpdoctor_recorder.py``), only where torch.distributed is in
     use; at an exit or a raise at most once, and without stacks (the stacks take seconds: a failing rank's
-    end is not delayed; its exit record holds its traceback). Never raises."""
+    end is not delayed; its exit record holds its traceback), and not when a dump was asked for in the last
+    60 seconds: that one shows the collectives as they hung; one written after the interrupt or
+    the peer's death that made this rank raise would show them torn down. Never raises."""
     try:
+        import time
+
         if why != "request":
             if "recorder_exit" in _ddpdoctor_state or "torch.distributed" not in sys.modules:
                 return
             _ddpdoctor_state["recorder_exit"] = True
+            if time.monotonic() - _ddpdoctor_state.get("recorder_asked", -1e9) < 60.0:
+                return
+        else:
+            _ddpdoctor_state["recorder_asked"] = time.monotonic()
         mod = _ddpdoctor_recorder()
         if mod is not None:
             mod.dump(run_dir, why, token, stages)
