@@ -67,3 +67,23 @@ def test_hang_through_ddps_reducer_against_a_barrier_leads_with_the_collective(c
     assert any(line.startswith("  rank 1: DDP backward (reducer all_reduce)") for line in lines[5:]), lines
     recorded = json.loads((run_dir / "verdict.json").read_text())["flight_recorder"]
     assert recorded["dumped"] == [0, 1] and recorded["groups"][0]["divergent_seq"] == n
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_with_the_recorder_turned_off_the_hang_verdict_is_as_before(cli_env, tmp_path):
+    """TORCH_FR_BUFFER_SIZE=0 (the user's: run keeps it): the ranks dump nothing recorded, and the verdict
+    says nothing of the recorder; it still names the ranks' places."""
+    from jobscripts import line_of as train_line, torchrun, write_train
+
+    script = write_train(tmp_path)
+    run_dir = tmp_path / "run"
+    env = {**cli_env, "XDG_STATE_HOME": str(tmp_path / "state"), "TORCH_FR_BUFFER_SIZE": "0"}
+    p = subprocess.run(CMD + ["--hang-timeout", "3", "--dir", str(run_dir), "--", *torchrun(script, "hang", "20")],
+                       env=env, capture_output=True, text=True, timeout=170)
+    assert p.returncode == ExitCode.HUNG, p.stderr[-3000:]
+    verdict = p.stderr[p.stderr.index("ddpdoctor run: hung: no rank made progress for 3s\n"):]
+    assert "Flight Recorder" not in verdict, verdict
+    assert f"  rank 1: dataset_read ({script}:{train_line('dataset')})   <- the odd one out" in verdict
+    recorded = json.loads((run_dir / "verdict.json").read_text())["flight_recorder"]
+    assert recorded["dumped"] == [] and recorded["unavailable"], recorded

@@ -18,7 +18,10 @@ Job states (the state machine of :func:`run_job`)::
                                                              when the job exited 0 by itself. A second signal:
                                                              SIGKILL to the whole job at once, then the verdict)
 
-Every verdict is printed once the job's output has ended (after the launcher's own closing traceback),
+Wherever stacks are read (a hang, a death, an interrupt), the live ranks are asked for their Flight
+Recorder dumps at the same time; the verdict leads with what they say (the divergent collective by
+number, the ranks on each side and their lines, the ranks with no dump), nothing when no rank could
+dump. Every verdict is printed once the job's output has ended (after the launcher's own closing traceback),
 so that it is the last thing on screen; a hang or a stranded rank is announced in one line when found.
 With keep_hung the hang's verdict is printed at once (the job goes on). The run directory and its
 marker are :mod:`ddpdoctor.postmortem.rundir`; the output's pass-through and raw log,
@@ -26,7 +29,8 @@ marker are :mod:`ddpdoctor.postmortem.rundir`; the output's pass-through and raw
 
 What is added to the job (and nothing else): a ``sitecustomize.py`` on ``PYTHONPATH`` (see
 :mod:`ddpdoctor.postmortem.inject.sitecustomize`: in each rank, faulthandler on SIGUSR2, a heartbeat of
-where the main thread is, the rank number, how the process ended), ``DDPDOCTOR_RUN_*`` variables, and
+where the main thread is, the rank number, how the process ended, a thread that dumps the Flight
+Recorder when asked: :mod:`ddpdoctor.postmortem.recorder`), ``DDPDOCTOR_RUN_*`` variables, and
 PyTorch's own NCCL timeout diagnostics (``TORCH_NCCL_DUMP_ON_TIMEOUT=1``: the Flight Recorder writes
 its trace into the run directory) unless the user set them.
 
