@@ -87,3 +87,62 @@ def test_with_the_recorder_turned_off_the_hang_verdict_is_as_before(cli_env, tmp
     assert f"  rank 1: dataset_read ({script}:{train_line('dataset')})   <- the odd one out" in verdict
     recorded = json.loads((run_dir / "verdict.json").read_text())["flight_recorder"]
     assert recorded["dumped"] == [] and recorded["unavailable"], recorded
+
+
+def _dump_dir(tmp_path, statuses: dict):
+    """A run directory holding two real gloo dumps (torch 2.11, ranks 0 and 1) and the hook's status
+    records ``{pid: record}``."""
+    import shutil
+    import os
+
+    data = os.path.join(os.path.dirname(__file__), "data", "flight_recorder", "torch2.11-gloo")
+    for rank in (0, 1):
+        shutil.copy(os.path.join(data, f"fr_trace_rank_{rank}"), tmp_path / f"flight-recorder-rank{rank}")
+    for pid, record in statuses.items():
+        (tmp_path / f"frdump-{pid}.json").write_text(json.dumps({"pid": pid, **record}))
+    return str(tmp_path)
+
+
+def test_a_dump_left_by_an_earlier_request_is_not_read_as_this_ones(tmp_path):
+    """Only a dump that answers this request (or was written at the rank's end) is read: rank 1's file
+    answers an earlier look (a stacks request), so rank 1 is named as not answering, not read as it was."""
+    import time
+
+    from ddpdoctor.postmortem.recorder import DumpRequest, RankRef, lead_lines, read_recorder
+
+    req = DumpRequest("new", time.time(), 3.0)
+    old = time.time() - 600
+    run_dir = _dump_dir(tmp_path, {100: {"rank": 0, "why": "request", "token": "new", "file": "flight-recorder-rank0",
+                                         "t": time.time()},
+                                   101: {"rank": 1, "why": "request", "token": "old", "file": "flight-recorder-rank1",
+                                         "t": old}})
+    live = read_recorder(run_dir, [RankRef(0, 100, True), RankRef(1, 101, True)], req)
+    assert sorted(live.dumps.dumps) == [0]
+    assert live.no_dump == {1: "no dump within 3s (busy outside Python, or stopped)"}
+    assert "    rank 1: no dump within 3s (busy outside Python, or stopped)" in ["  " + x for x in lead_lines(live)]
+    # rank 1 ended (a signal) long after that look: still not its last state
+    dead = read_recorder(run_dir, [RankRef(0, 100, True), RankRef(1, 101, False, "ended without a Python exit "
+                                                                                  "(killed by a signal)")], req)
+    assert dead.no_dump == {1: "left no dump: ended without a Python exit (killed by a signal)"}
+    # written at its end (the hook's exit handler), or answering a request moments before it ended: read
+    for record in ({"why": "raised", "token": ""}, {"why": "request", "token": "old", "t": time.time() - 5}):
+        _dump_dir(tmp_path, {101: {"rank": 1, "file": "flight-recorder-rank1", "t": time.time(), **record}})
+        ended = read_recorder(run_dir, [RankRef(0, 100, True), RankRef(1, 101, False, "raised")], req)
+        assert sorted(ended.dumps.dumps) == [0, 1] and not ended.no_dump, record
+
+
+def test_no_rank_could_dump_adds_nothing_to_the_verdict(tmp_path):
+    """A torch without the recorder: every rank's record is an error; the verdict gets no line."""
+    import time
+
+    from ddpdoctor.postmortem.recorder import DumpRequest, RankRef, lead_lines, read_recorder
+
+    req = DumpRequest("t1", time.time(), 3.0)
+    for pid, rank in ((100, 0), (101, 1)):
+        (tmp_path / f"frdump-{pid}.json").write_text(json.dumps(
+            {"pid": pid, "why": "request", "token": "t1", "stage": "quick", "rank": rank,
+             "error": "torch 2.4.0 has no Flight Recorder dump for this backend (_dump_fr_trace)"}))
+    reading = read_recorder(str(tmp_path), [RankRef(0, 100, True), RankRef(1, 101, True)], req)
+    assert reading.dumps is None and lead_lines(reading) == []
+    assert reading.unavailable.startswith("torch 2.4.0 has no Flight Recorder dump")
+    assert reading.no_dump[0].startswith("could not dump: torch 2.4.0")

@@ -550,6 +550,10 @@ def _recorded(procs: Sequence[RankProcess], wait: float, read) -> tuple:
     result = read()
     lines: dict = {}
     for d, ranks in dirs.items():
+        if requests[d] is None:
+            for p in ranks:
+                lines[p.pid] = ["Flight Recorder: not reachable (cannot write the request into the run directory)"]
+            continue
         wait_dumps(d, requests[d], [p.pid for p in ranks], start + wait)
         reading = read_recorder(d, [RankRef(p.rank, p.pid, True) for p in ranks], requests[d])
         for p in ranks:

@@ -425,7 +425,7 @@ def _ddpdoctor_install(role):
             ended("raised", exception=text, frames=frames)
         except Exception:  # noqa: BLE001
             pass
-        if role in ("rank", "spawn"):
+        if role in ("rank", "spawn") and os.getpid() == pid:  # not a forked DataLoader worker's copy
             _ddpdoctor_dump_recorder(run_dir, "raised", "", ("quick",))
         previous_hook(kind, value, tb)
 
