@@ -399,8 +399,11 @@ def _ddpdoctor_install(role):
     # run's hang detector subtracts this thread's CPU time and I/O: ddpdoctor's work is not the job's
     info["own_threads"] = [getattr(thread, "native_id", None)]
     if role in ("rank", "spawn"):  # the Flight Recorder's dumps on request: ddpdoctor's work too
-        info["own_threads"] += [getattr(t, "native_id", None)
-                                for t in _ddpdoctor_recorder_thread(run_dir, signum, min(interval, 0.25))]
+        try:
+            info["own_threads"] += [getattr(t, "native_id", None)
+                                    for t in _ddpdoctor_recorder_thread(run_dir, signum, min(interval, 0.25))]
+        except Exception:  # noqa: BLE001 - no recorder thread: run names the rank as not answering
+            pass
 
     def ended(how, **extra):
         if "exit" in _ddpdoctor_state or os.getpid() != pid:
