@@ -47,8 +47,16 @@ def test_hang_names_the_rank_and_line_and_exits_124(cli_env, tmp_path):
     assert f"  rank 0: all_reduce, called from train ({name}:{line_of('all_reduce')})" in err
     assert f"  rank 1: dataset_read ({name}:{line_of('dataset')})   <- the odd one out" in err
     assert "stacks read with the in-process handler (faulthandler)" in err
+    # the verdict leads with the Flight Recorder's reading: the collective by number, who entered, who never did
+    lines = err[err.index("ddpdoctor run: hung: no rank made progress for 3s\n"):].splitlines()
+    assert lines[1] == "  Flight Recorder: collective #4 of the default group: rank 0 entered, rank 1 never did", err
+    assert lines[2].startswith("    rank 0: #4 all_reduce [4] Float") and f"{name}:{line_of('all_reduce')}" in lines[2]
+    assert lines[3].startswith("    rank 1: last entered #3 all_reduce [4] Float") and \
+        lines[3].endswith(f"now at dataset_read ({name}:{line_of('dataset')})"), lines[3]
     verdict = json.loads((run_dir / "verdict.json").read_text())
     assert {s["rank"] for s in verdict["stacks"]} == {0, 1}
+    assert verdict["flight_recorder"]["dumped"] == [0, 1]
+    assert verdict["flight_recorder"]["groups"][0]["divergent_seq"] == 4
     assert (run_dir / "verdict.txt").read_text().startswith("ddpdoctor run: hung")
     assert "dataset_read" in (run_dir / "stacks.txt").read_text()
     assert (run_dir / "output.raw.log").exists()
@@ -61,6 +69,12 @@ def test_rank_skipping_an_all_reduce_is_the_odd_one_out(cli_env, tmp_path):
     assert p.returncode == ExitCode.HUNG, p.stderr[-3000:]
     assert f"  ranks 0,2: all_reduce, called from train ({name}:{line_of('all_reduce')})" in p.stderr
     assert f"  rank 1:    barrier, called from train ({name}:{line_of('barrier')})   <- the odd one out" in p.stderr
+    # a different operation at the same number: rank 1 skipped one all_reduce, so its barrier is #10
+    lines = p.stderr[p.stderr.index("ddpdoctor run: hung: no rank made progress for 3s\n"):].splitlines()
+    assert lines[1] == ("  Flight Recorder: collective #10 of the default group: ranks 0,2 called all_reduce, "
+                        "rank 1 called barrier"), p.stderr[-3000:]
+    assert lines[2].startswith("    ranks 0,2: #10 all_reduce [4] Float") and f":{line_of('all_reduce')}" in lines[2]
+    assert lines[3].startswith("    rank 1: #10 barrier") and f":{line_of('barrier')}" in lines[3]
     assert_nothing_left(run_dir)
 
 
@@ -89,6 +103,15 @@ def test_rank_killed_by_sigkill_is_named(cli_env, tmp_path):
     assert "killed-by-signal: a rank was killed by a signal (rank 1)" in p.stderr
     assert "dmesg" in p.stderr
     assert json.loads((run_dir / "verdict.json").read_text())["first_failure"] == "rank 1 was killed by SIGKILL"
+    # rank 0 raised (its peer went away) and wrote its dump at the raise; rank 1 could not: named
+    lines = p.stderr[p.stderr.index("ddpdoctor run: the job failed (exit 1); cause: rank 1"):].splitlines()
+    # rank 0's dump is the one asked for while it waited in #4 (then #4 waits for rank 1), or, when it
+    # raised first, the one it wrote at the raise (then #4 completed, with the error)
+    assert lines[1] in ("  Flight Recorder: collective #4 of the default group: rank 0 entered, waiting for rank 1 "
+                        "(no dump)",) or lines[1].startswith(
+        "  Flight Recorder: no divergence among the ranks that dumped; the default group's last collective: #4 "
+        "all_reduce [4] Float"), p.stderr[-3000:]
+    assert "    rank 1: left no dump: ended without a Python exit (killed by a signal)" in lines[2:5], lines[:6]
     assert_nothing_left(run_dir)
 
 

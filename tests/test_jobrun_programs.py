@@ -230,6 +230,14 @@ def test_stacks_descends_from_the_mp_spawn_parent(cli_env, tmp_path):
         assert lines[1] == f"ranks 0,2: all_reduce, called from demo_basic ({name}:{mark_line(SPAWN, 'spawn_all_reduce')})"
         assert lines[2] == (f"rank 1:    barrier, called from demo_basic ({name}:{mark_line(SPAWN, 'spawn_barrier')})"
                             "   <- the odd one out")
+        # beside each stack, the rank's last recorded collectives (the hook's recorder thread, asked by stacks)
+        sections = {b.partition("\n")[0].split(" (pid")[0]: b.partition("\n")[2] for b in out.split("\n--- ")[1:]}
+        assert sorted(sections) == ["rank 0", "rank 1", "rank 2"], out
+        for rank, body in sections.items():
+            assert body.startswith("Flight Recorder, last collectives:\n  #"), body[:500]
+        last = sections["rank 1"].splitlines()[3]
+        assert " barrier " in last and last.endswith("(default group): entered, not completed"), sections["rank 1"][:500]
+        assert "scheduled" not in out
         assert job.poll() is None  # reading stacks stopped nothing
         # SIGTERM to ddpdoctor run stops the whole tree (mp.spawn parent and its ranks)
         job.send_signal(signal.SIGTERM)

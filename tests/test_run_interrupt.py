@@ -99,6 +99,11 @@ def test_ctrl_c_on_a_hung_job_prints_both_ranks_stacks_last_and_exits_130(cli_en
     assert f"rank 0: barrier, called from <module> ({script}:{line_of(HUNG, 'barrier')})" in verdict, verdict
     assert f"rank 1: <module> ({script}:{line_of(HUNG, 'sleep')})" in verdict, verdict
     assert "stacks read with the in-process handler (faulthandler)" in verdict
+    # led by the Flight Recorder's reading, dumped on the interrupt while rank 0 was blocked in the barrier
+    assert block[1] == "  Flight Recorder: collective #1 of the default group: rank 0 entered, rank 1 never did", verdict
+    assert block[2].startswith("    rank 0: #1 barrier") and f"{script}:{line_of(HUNG, 'barrier')}" in block[2], verdict
+    assert block[3] == (f"    rank 1: entered nothing in this group; now at <module> ({script}:{line_of(HUNG, 'sleep')})"), \
+        verdict
     assert block[-1].startswith("  SIGINT passed to the job; it ") and block[-1].endswith("; exit 130")
     # the launcher's closing traceback came before the verdict, not after it
     assert "SignalException" in err[:err.index("ddpdoctor run: interrupted by SIGINT")]

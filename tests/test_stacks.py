@@ -15,6 +15,7 @@ import pytest
 
 import ddpdoctor
 from ddpdoctor.system.stackframes import where_hung
+from ddpdoctor.postmortem.rundir import HOOK_FILES
 from ddpdoctor.postmortem.stacks import RankProcess, StackReading, pyspy_to_faulthandler, render_groups
 from jobscripts import line_of, torchrun, write_train
 
@@ -61,7 +62,8 @@ def job_with_handler(cli_env, tmp_path):
     run_dir = tmp_path / "run"
     inject = run_dir / ".inject"
     inject.mkdir(parents=True)
-    shutil.copy(INJECT, inject)
+    for name in HOOK_FILES:  # the hook and the module it loads to dump the Flight Recorder
+        shutil.copy(os.path.join(os.path.dirname(INJECT), name), inject)
     env = {**cli_env, "PYTHONPATH": f"{inject}{os.pathsep}{cli_env['PYTHONPATH']}", "DDPDOCTOR_RUN_DIR": str(run_dir),
            "DDPDOCTOR_BEAT_S": "0.2"}
     script = write_train(tmp_path)
@@ -103,6 +105,22 @@ def test_stacks_of_a_live_torchrun_job(job_with_handler, cli_env):
     assert lines[1] == f"ranks 0,2: all_reduce, called from train ({name}:{line_of('all_reduce')})"
     assert lines[2] == f"rank 1:    barrier, called from train ({name}:{line_of('barrier')})   <- the odd one out"
     assert lines[3] == "stacks read with the in-process handler (faulthandler)"
+    assert "not reachable" not in p.stdout
+    # beside each stack, the rank's last recorded collectives, asked of the live ranks (a dump thread):
+    # skip mode, 10 steps: ranks 0 and 2 are in all_reduce #10, rank 1 (it skipped one) in barrier #10;
+    # gloo leaves every entry "scheduled": completion is pg_status's, never "scheduled" for finished work
+    sections = {}
+    for block in p.stdout.split("\n--- ")[1:]:
+        head, _, body = block.partition("\n")
+        sections[head.split(" (pid")[0]] = body
+    for rank in (0, 2):
+        body = sections[f"rank {rank}"]
+        assert body.startswith("Flight Recorder, last collectives:\n"), body[:600]
+        assert "  #8 all_reduce [4] Float (default group): completed\n" in body, body[:600]
+        assert "  #9 all_reduce [4] Float (default group): completed\n" in body, body[:600]
+        assert "  #10 all_reduce [4] Float (default group): entered, not completed\n" in body, body[:600]
+    assert "  #10 barrier" in sections["rank 1"] and "(default group): entered, not completed" in sections["rank 1"]
+    assert "scheduled" not in p.stdout
     assert proc.poll() is None and all(psutil.pid_exists(p) for p in pids)  # the job was not stopped
 
 
@@ -115,6 +133,8 @@ def test_a_process_without_handler_is_never_signalled(cli_env):
         p = subprocess.run(CMD + ["stacks", str(sleeper.pid)], env=env, capture_output=True, text=True, timeout=30)
         assert p.returncode == 1
         assert "rank 0 (pid %d): no stack: not started under 'ddpdoctor run'" % sleeper.pid in p.stdout
+        assert ("Flight Recorder: not reachable (the job was not started under 'ddpdoctor run', which asks each "
+                "rank for its last collectives)") in p.stdout.splitlines()
         assert sleeper.poll() is None
     finally:
         sleeper.kill()

@@ -305,7 +305,7 @@ def test_evaluation_pass_on_a_persistent_workers_loader_is_not_a_training_pass(t
 
     inject = tmp_path / "inject"
     inject.mkdir()
-    for source, name in rundir._inject_files():
+    for source, name in rundir.inject_files():
         if name != "sitecustomize.py":
             os.symlink(source, inject / name)
     script = tmp_path / "rank_side.py"

@@ -25,12 +25,14 @@ __all__ = ["GroupVerdict", "find_divergences", "render_divergences", "user_frame
 _SAME_SHAPE = {"all_reduce", "allreduce", "broadcast", "reduce", "all_gather", "allgather", "_allgather_base",
                "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base",
                "allreduce_coalesced", "all_reduce_coalesced", "barrier"}
-# Frames that are not the user's: torch, ddpdoctor, the standard library's process and thread machinery.
+# Frames that are not the user's: torch, ddpdoctor (its package, and the hook ``run`` injects), the standard
+# library's process and thread machinery.
 _NOT_USER = re.compile(
     r"(?:^|[/\\])(?:site|dist)-packages[/\\](?:torch|ddpdoctor)[/\\]"
     r"|(?:^|[/\\])torch[/\\](?:distributed|nn|autograd|_tensor\.py|utils|multiprocessing|_dynamo|amp)\b"
     r"|(?:^|[/\\])ddpdoctor[/\\](?:postmortem|training|runner|diagnostics|system|locate|causes)[/\\]"
     r"|[/\\]lib[/\\]python3\.\d+[/\\](?!site-packages|dist-packages)"
+    r"|[/\\]\.inject[/\\](?:sitecustomize|_ddpdoctor_recorder)\.py$"  # ddpdoctor run's hook (its collective timing)
     r"|^<")
 
 

@@ -18,7 +18,10 @@ Job states (the state machine of :func:`run_job`)::
                                                              when the job exited 0 by itself. A second signal:
                                                              SIGKILL to the whole job at once, then the verdict)
 
-Every verdict is printed once the job's output has ended (after the launcher's own closing traceback),
+Wherever stacks are read (a hang, a death, an interrupt), the live ranks are asked for their Flight
+Recorder dumps at the same time; the verdict leads with what they say (the divergent collective by
+number, the ranks on each side and their lines, the ranks with no dump), nothing when no rank could
+dump. Every verdict is printed once the job's output has ended (after the launcher's own closing traceback),
 so that it is the last thing on screen; a hang or a stranded rank is announced in one line when found.
 With keep_hung the hang's verdict is printed at once (the job goes on). The run directory and its
 marker are :mod:`ddpdoctor.postmortem.rundir`; the output's pass-through and raw log,
@@ -26,7 +29,8 @@ marker are :mod:`ddpdoctor.postmortem.rundir`; the output's pass-through and raw
 
 What is added to the job (and nothing else): a ``sitecustomize.py`` on ``PYTHONPATH`` (see
 :mod:`ddpdoctor.postmortem.inject.sitecustomize`: in each rank, faulthandler on SIGUSR2, a heartbeat of
-where the main thread is, the rank number, how the process ended), ``DDPDOCTOR_RUN_*`` variables, and
+where the main thread is, the rank number, how the process ended, a thread that dumps the Flight
+Recorder when asked: :mod:`ddpdoctor.postmortem.recorder`), ``DDPDOCTOR_RUN_*`` variables, and
 PyTorch's own NCCL timeout diagnostics (``TORCH_NCCL_DUMP_ON_TIMEOUT=1``: the Flight Recorder writes
 its trace into the run directory) unless the user set them.
 
@@ -226,6 +230,7 @@ class _Watch:
         self.procs: dict = {}
         self.deaths: list = []  # ranks that failed, in the order seen
         self.exits: list = []  # ranks that exited normally
+        self.recorder_request = None  # the last Flight Recorder dump request (ddpdoctor.postmortem.recorder)
 
     def discover(self) -> None:
         for path in glob.glob(os.path.join(glob.escape(self.run_dir), "proc-*.json")):
@@ -407,13 +412,31 @@ def _settle(proc: Launched, run_id: str, grace: float) -> None:
 
 
 def _read_live(watch: _Watch, run_dir: str, wait: float, only_read: bool = False) -> list:
+    """Every live rank's stack; the live ranks also dump their Flight Recorder meanwhile (asked first, so
+    the dumps are written while the stacks are read; waited for after, ``wait`` s from the request at most)."""
+    from ddpdoctor.postmortem.recorder import request_dumps, wait_dumps
     from ddpdoctor.postmortem.stacks import RankProcess, read_stacks
 
     live = [p for p in watch.live_ranks() if _running(p.pid)] or \
         [p for p in watch.procs.values() if p.alive and _running(p.pid)]
+    asked = [p.pid for p in live if p.is_rank]
+    start = time.monotonic()
+    if asked:
+        watch.recorder_request = request_dumps(run_dir, max(wait, 2.0)) or watch.recorder_request
     procs = [RankProcess(p.pid, p.rank, run_dir=run_dir, index=p.index) for p in live]
     readings = read_stacks(procs, wait)
+    if asked:
+        wait_dumps(run_dir, watch.recorder_request, asked, start + max(wait, 2.0))
     return [r for r in readings if r.stack or not only_read]
+
+
+def _recorder(run_dir: str, watch: _Watch):
+    """The ranks' Flight Recorder dumps for the verdict (:func:`ddpdoctor.postmortem.recorder.read_recorder`)."""
+    from ddpdoctor.postmortem.recorder import RankRef, read_recorder
+
+    refs = [RankRef(p.rank, p.pid, p.alive, "" if p.alive else (p.death() or "exited with code 0"))
+            for p in watch.ranks()]
+    return read_recorder(run_dir, refs, watch.recorder_request)
 
 
 _LAUNCHER_EXC = re.compile(r"^(?P<exc>(?:torch\.distributed\.elastic\.multiprocessing\.errors\.ChildFailedError|"
@@ -457,6 +480,7 @@ def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: st
     job's own words stay byte for byte only in ``output.raw.log``."""
     from ddpdoctor.causes.matcher import explain_text, first_failure
     from ddpdoctor.postmortem.explain import render_matches
+    from ddpdoctor.postmortem.recorder import lead_lines
     from ddpdoctor.postmortem.stacks import render_groups
 
     text = _tail(os.path.join(run_dir, RAW_LOG), end=log_end)
@@ -476,6 +500,8 @@ def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: st
     lines = [f"ddpdoctor run: {headline}" + (f"; cause: {cause}" if cause and kind == "failed" else "")]
     if kind != "failed" and cause:
         lines.append(f"  before it {'hung' if kind == 'hung' else 'was interrupted'}: {cause}")
+    recorder = _recorder(run_dir, watch)  # the divergent collective leads; nothing when no rank could dump
+    lines += ["  " + line for line in lead_lines(recorder, {r.proc.rank: r.place for r in readings if r.stack})]
     if readings:
         if kind == "interrupted":
             lines.append("  where the ranks were when it was interrupted:")
@@ -510,7 +536,8 @@ def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: st
         "ranks": [{"rank": p.rank, "index": p.index, "pid": p.pid,
                    "state": "alive" if p.alive else (p.death() or "exited with code 0")} for p in watch.ranks()],
         "deaths": [{"rank": p.rank, "pid": p.pid, "how": p.death()} for p in watch.deaths],
-        "findings": watches.to_json() if watches is not None else []}), indent=2))
+        "findings": watches.to_json() if watches is not None else [],
+        "flight_recorder": recorder.to_dict()}), indent=2))
     if unsaved:
         lines.append(f"  not saved: {'; '.join(unsaved)}")
     return lines

@@ -5,8 +5,11 @@ Nothing ddpdoctor does inside a rank may count as progress, or a look at a hung 
 hang clock. What the injected hook does there, and how each is taken out at its cause:
 
 * its heartbeat thread (looks at the main thread's frames, writes ``beat-``, ``coll-``, ``proc-``
-  files): that thread's own CPU time and I/O, read per thread from ``/proc/<pid>/task/<tid>/``
-  (its thread id is in ``proc-<pid>.json`` as ``own_threads``), are subtracted;
+  files) and its two Flight Recorder threads (write ``flight-recorder-rank<N>`` and ``frdump-<pid>.json``
+  when ``run`` or ``stacks`` asks): those threads' own CPU time and I/O, read per thread from
+  ``/proc/<pid>/task/<tid>/`` (their thread ids are in ``proc-<pid>.json`` as ``own_threads``), are
+  subtracted. The dumps' bytes are taken out there, at the thread that wrote them, not again by file
+  size: subtracting them twice would change the count, and any change counts as progress;
 * stack dumps (faulthandler, on whichever thread takes the signal, at a ``ddpdoctor stacks`` or
   ``run`` request): the bytes it wrote are exactly what ``stacks-<pid>.txt`` holds, subtracted.
   Its CPU time (well under a millisecond a dump) stays below what counts as busy (``CPU_MIN_S``).

@@ -29,13 +29,17 @@ from typing import Optional
 
 from ddpdoctor.system.redact import escape_controls
 
-__all__ = ["RunDir", "prepare_run_dir", "default_runs_root", "write_private", "MARKER", "OWN_PATTERNS"]
+__all__ = ["RunDir", "prepare_run_dir", "default_runs_root", "write_private", "inject_files", "MARKER",
+           "OWN_PATTERNS", "HOOK_FILES"]
 
 MARKER = ".ddpdoctor-run"
 INJECT = ".inject"
 OWN_PATTERNS = (MARKER + ".*.tmp", "proc-*.json", "beat-*", "coll-*.txt", "stacks-*.txt", "exit-*.json", ".proc-*", ".exit-*",
                 "output.raw.log", "stacks.txt", "verdict.txt", "verdict.json", "flight-recorder-rank*",
-                "finding-*.json", ".finding-*", "desync-*", ".desync-*", "plan-*.json", ".plan-*")
+                "finding-*.json", ".finding-*", "desync-*", ".desync-*", "plan-*.json", ".plan-*",
+                ".flight-recorder-rank*", "frdump-*.json", ".frdump-*", "fr-request", ".fr-request.*")
+# what .inject/ holds from ddpdoctor/postmortem/inject/ (inject_files() adds the library's fingerprint)
+HOOK_FILES = ("sitecustomize.py", "_ddpdoctor_recorder.py", "_ddpdoctor_watches.py")
 FIXED_NAMES = (INJECT, "output.raw.log", "stacks.txt", "verdict.txt", "verdict.json")  # what every run may write
 
 
@@ -288,21 +292,22 @@ def prepare_run_dir(run_dir: Optional[str]) -> RunDir:
     return rd
 
 
-def _inject_files() -> list:
-    """(source, name in ``.inject``): the hook, the watches (:mod:`ddpdoctor.postmortem.watches`) and the
-    library's fingerprint they use, as files: the job's interpreter need not be able to import ddpdoctor."""
+def inject_files() -> list:
+    """(source, name in ``.inject``): the hook, the watches (:mod:`ddpdoctor.postmortem.watches`), the
+    library's fingerprint they use and the Flight Recorder's dump, as files: the job's interpreter need
+    not be able to import ddpdoctor."""
     here = os.path.dirname(os.path.abspath(__file__))
-    return [(os.path.join(here, "inject", "sitecustomize.py"), "sitecustomize.py"),
-            (os.path.join(here, "inject", "_ddpdoctor_watches.py"), "_ddpdoctor_watches.py"),
+    return [*((os.path.join(here, "inject", name), name) for name in HOOK_FILES),
             (os.path.join(os.path.dirname(here), "diagnostics", "fingerprint.py"), "_ddpdoctor_fingerprint.py")]
 
 
 def _write_hook(inject: str) -> None:
-    """``.inject/``: the hook the ranks import and the modules it loads (never written through a link)."""
+    """``.inject/``: the hook the ranks import and the modules it loads: the watches, the fingerprint and
+    the Flight Recorder's dump (never written through a link)."""
     if os.path.islink(inject):
         os.unlink(inject)
     os.makedirs(inject, mode=0o700, exist_ok=True)
-    for source, name in _inject_files():
+    for source, name in inject_files():
         target = os.path.join(inject, name)
         if os.path.lexists(target):
             os.unlink(target)

@@ -535,6 +535,37 @@ def by_job(readings: Sequence[StackReading]) -> list:
     return list(jobs.values())
 
 
+def _recorded(procs: Sequence[RankProcess], wait: float, read) -> tuple:
+    """Each rank's last recorded collectives (Flight Recorder), asked of the ranks of jobs under ``ddpdoctor
+    run`` while ``read()`` reads the stacks: ``(read()'s result, {pid: lines})``. A rank of another job
+    gets no entry (its recorder is not reachable)."""
+    from ddpdoctor.postmortem.recorder import RankRef, last_collectives, read_recorder, request_dumps, wait_dumps
+
+    dirs: dict = {}
+    for p in procs:
+        if p.run_dir and os.path.isdir(p.run_dir) and p.handler_file():
+            dirs.setdefault(p.run_dir, []).append(p)
+    start = time.monotonic()
+    requests = {d: request_dumps(d, wait) for d in dirs}
+    result = read()
+    lines: dict = {}
+    for d, ranks in dirs.items():
+        if requests[d] is None:
+            for p in ranks:
+                lines[p.pid] = ["Flight Recorder: not reachable (cannot write the request into the run directory)"]
+            continue
+        wait_dumps(d, requests[d], [p.pid for p in ranks], start + wait)
+        reading = read_recorder(d, [RankRef(p.rank, p.pid, True) for p in ranks], requests[d])
+        for p in ranks:
+            dump = reading.dumps.dumps.get(p.rank) if reading.dumps and p.rank is not None else None
+            if dump is not None and dump.entries:
+                lines[p.pid] = ["Flight Recorder, last collectives:"] + ["  " + x for x in last_collectives(dump)]
+            else:
+                why = reading.no_dump.get(p.rank if p.rank is not None else f"pid {p.pid}") or reading.unavailable
+                lines[p.pid] = [f"Flight Recorder: {why or 'nothing recorded'}"]
+    return result, lines
+
+
 def stacks_command(pids: Sequence[int], wait: float) -> int:
     """``ddpdoctor stacks``: print grouped stacks, each job judged alone; exit 1 when no rank's stack
     could be read."""
@@ -547,7 +578,7 @@ def stacks_command(pids: Sequence[int], wait: float) -> int:
     if not procs:
         raise UsageError("no-ranks", "no rank processes found on this node" + (f" under PID {pids[0]}" if pids else ""),
                          "pass the torchrun agent's PID or the ranks' PIDs")
-    readings = read_stacks(procs, wait)
+    readings, recorded = _recorded(procs, wait, lambda: read_stacks(procs, wait))
     jobs = by_job(readings)
     many = len(jobs) > 1
     n = len(procs)
@@ -560,11 +591,16 @@ def stacks_command(pids: Sequence[int], wait: float) -> int:
                                  + (f" ({head})" if head else "")))
         for line in render_groups(job):
             click.echo(safe_text(("  " if many else "") + line))  # names and frames come from outside: escaped, redacted
+        if not any(r.proc.pid in recorded for r in job):
+            click.echo(("  " if many else "") + "Flight Recorder: not reachable (the job was not started under "
+                       "'ddpdoctor run', which asks each rank for its last collectives)")
     for i, job in enumerate(jobs, start=1):
         for r in job:
             if r.stack:
                 click.echo("\n" + safe_text(f"--- {f'job {i}, ' if many else ''}{r.proc.label} (pid {r.proc.pid}), "
                                              f"read with {r.method}"))
+                for line in recorded.get(r.proc.pid, []):
+                    click.echo(safe_text(line))
                 for line in r.stack.rstrip().splitlines():
                     click.echo(safe_text(line))
     return 0 if any(r.stack for r in readings) else 1

@@ -35,6 +35,12 @@ In each registered process it:
   ``coll-<pid>.txt``. ``DDPDOCTOR_STRAGGLER=0`` turns all of it off;
 * in ranks, starts the watches for silent bugs (:mod:`_ddpdoctor_watches`, copied next to this file;
   ``DDPDOCTOR_WATCH_<NAME>=0`` turns one off), which the heartbeat thread calls every beat;
+* in a rank, starts a second daemon thread that writes the rank's PyTorch Flight Recorder dump
+  (``flight-recorder-rank<N>``, and ``frdump-<pid>.json`` saying what it answered) when ``fr-request``
+  in the run directory changes (``run`` on a hang, a death or Ctrl-C; ``stacks``): a thread, because a
+  Python signal handler does not run while the main thread is blocked in a C++ collective. A rank that
+  raises or exits non-zero writes its dump (without stacks) from the exception and exit handlers. The code that dumps
+  lives in ``_ddpdoctor_recorder.py`` beside this file, loaded only when a dump is wanted;
 * writes ``proc-<pid>.json`` (pid, role, rank, argv, ...) so the supervisor finds it, and
   ``exit-<pid>.json`` when it ends through Python (an uncaught exception with its frames, ``sys.exit``'s
   or ``os._exit``'s code, or a normal end): a rank with no exit record was ended by a signal. The
@@ -226,6 +232,108 @@ def _ddpdoctor_time_collectives(events):
     return True
 
 
+def _ddpdoctor_recorder():
+    """The hook's Flight Recorder module (``_ddpdoctor_recorder.py`` beside this file), loaded on first use
+    by path (the job's own ``sys.path`` may have changed); None when it is absent."""
+    mod = _ddpdoctor_state.get("recorder")
+    if mod is None:
+        import importlib.util
+
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_ddpdoctor_recorder.py")
+        if not os.path.exists(path):
+            return None
+        spec = importlib.util.spec_from_file_location("_ddpdoctor_recorder", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _ddpdoctor_state["recorder"] = mod
+    return mod
+
+
+def _ddpdoctor_dump_recorder(run_dir, why, token="", stages=("quick", "full")):
+    """This rank's Flight Recorder dump (see ``_ddpdoctor_recorder.py``), only where torch.distributed is in
+    use; at an exit or a raise at most once, and without stacks (the stacks take seconds: a failing rank's
+    end is not delayed; its exit record holds its traceback), and not when a dump was asked for in the last
+    60 seconds: that one shows the collectives as they hung; one written after the interrupt or
+    the peer's death that made this rank raise would show them torn down. Never raises."""
+    try:
+        import time
+
+        if why != "request":
+            if "recorder_exit" in _ddpdoctor_state or "torch.distributed" not in sys.modules:
+                return
+            _ddpdoctor_state["recorder_exit"] = True
+            if time.monotonic() - _ddpdoctor_state.get("recorder_asked", -1e9) < 60.0:
+                return
+        else:
+            _ddpdoctor_state["recorder_asked"] = time.monotonic()
+        mod = _ddpdoctor_recorder()
+        if mod is not None:
+            mod.dump(run_dir, why, token, stages)
+    except Exception:  # noqa: BLE001 - never break the job
+        pass
+
+
+def _ddpdoctor_recorder_thread(run_dir, signum, interval):
+    """Two daemon threads that dump the Flight Recorder when ``run`` or ``stacks`` asks (``fr-request``
+    changed): threads, because a Python signal handler does not run while the main thread is blocked in
+    a C++ collective; not the heartbeat's, so a slow dump never stops the beat. The first writes the
+    quick dump (no stacks) at once and hands the request to the second, which writes the dump with
+    stacks (seconds: see ``_ddpdoctor_recorder.py``; only the latest request waiting). Idle, the first
+    looks at one file's status every ``interval`` seconds; the second sleeps on an event."""
+    import signal
+    import threading
+    import time
+
+    request = os.path.join(run_dir, "fr-request")
+    wanted = []
+    ready = threading.Event()
+
+    def seen():
+        try:
+            st = os.stat(request)
+            return st.st_ino, st.st_mtime_ns, st.st_size
+        except OSError:
+            return None
+
+    def watch():
+        try:  # stack requests are for the main thread (see beat)
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+        except (AttributeError, OSError, ValueError):
+            pass
+        last = seen()
+        while True:
+            time.sleep(interval)
+            now = seen()
+            if now is None or now == last:
+                continue
+            last = now
+            try:
+                with open(request, encoding="utf-8") as f:
+                    token = str(__import__("json").load(f).get("token", ""))[:64]
+            except Exception:  # noqa: BLE001 - a request being replaced: the next look reads it
+                last = None
+                continue
+            _ddpdoctor_dump_recorder(run_dir, "request", token, ("quick",))
+            wanted[:] = [token]
+            ready.set()
+
+    def full():
+        try:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+        except (AttributeError, OSError, ValueError):
+            pass
+        while ready.wait():
+            ready.clear()
+            if wanted:
+                _ddpdoctor_dump_recorder(run_dir, "request", wanted.pop(), ("full",))
+
+    threads = [threading.Thread(target=watch, name="ddpdoctor-recorder", daemon=True),
+               threading.Thread(target=full, name="ddpdoctor-recorder-stacks", daemon=True)]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
 def _ddpdoctor_install(role):
     import atexit
     import faulthandler
@@ -326,6 +434,12 @@ def _ddpdoctor_install(role):
     thread.start()
     # run's hang detector subtracts this thread's CPU time and I/O: ddpdoctor's work is not the job's
     info["own_threads"] = [getattr(thread, "native_id", None)]
+    if role in ("rank", "spawn"):  # the Flight Recorder's dumps on request: ddpdoctor's work too
+        try:
+            info["own_threads"] += [getattr(t, "native_id", None)
+                                    for t in _ddpdoctor_recorder_thread(run_dir, signum, min(interval, 0.25))]
+        except Exception:  # noqa: BLE001 - no recorder thread: run names the rank as not answering
+            pass
 
     def ended(how, **extra):
         if "exit" in _ddpdoctor_state or os.getpid() != pid:
@@ -351,6 +465,8 @@ def _ddpdoctor_install(role):
             ended("raised", exception=text, frames=frames)
         except Exception:  # noqa: BLE001
             pass
+        if role in ("rank", "spawn") and os.getpid() == pid:  # not a forked DataLoader worker's copy
+            _ddpdoctor_dump_recorder(run_dir, "raised", "", ("quick",))
         previous_hook(kind, value, tb)
 
     sys.excepthook = excepthook
@@ -367,6 +483,8 @@ def _ddpdoctor_install(role):
     def os_exit(code):  # multiprocessing's fork children end here; so do jobs that skip interpreter exit
         if os.getpid() == pid:
             ended("exit", code=code, via="os._exit")
+            if code and role in ("rank", "spawn"):
+                _ddpdoctor_dump_recorder(run_dir, "exit", "", ("quick",))
         real_os_exit(code)
 
     os._exit = os_exit
@@ -384,6 +502,8 @@ def _ddpdoctor_install(role):
         thread.join(timeout=2)
         code = _ddpdoctor_state.get("code")
         ended("exit", code=code if code is not None else 0)
+        if code and role in ("rank", "spawn"):
+            _ddpdoctor_dump_recorder(run_dir, "exit", "", ("quick",))
 
     atexit.register(finish)
     _ddpdoctor_write_json(f"proc-{pid}.json", info)
