@@ -317,6 +317,7 @@ def test_packed_fingerprints_equal_one_tensor_at_a_time():
     assert [i for i, (a, b) in enumerate(zip(got, alone)) if a != b] == [2]
 
 
+@pytest.mark.slow
 def test_no_temporary_larger_than_the_chunk():
     from torch.profiler import ProfilerActivity, profile
 

@@ -54,6 +54,7 @@ def test_real_single_process_errors(cli_env, name, cause):
     assert ids(_snippet(name, cli_env)) == [cause]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("mode,extra_env,cause,ranks", [
     ("unused", {}, "ddp-unused-parameters", {0, 1}),

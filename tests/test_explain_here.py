@@ -140,6 +140,7 @@ def test_real_probe_reads_this_machine():
     assert facts.nccl_available == dist.is_nccl_available()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_real_gloo_error_for_a_missing_interface_is_confirmed_here(cli_env, tmp_path):
     missing = "ddpdx" + str(os.getpid() % 1000)

@@ -63,6 +63,7 @@ def test_hang_names_the_rank_and_line_and_exits_124(cli_env, tmp_path):
     assert_nothing_left(run_dir)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_rank_skipping_an_all_reduce_is_the_odd_one_out(cli_env, tmp_path):
     p, run_dir, name = ddprun(tmp_path, cli_env, "skip", nproc=3, steps="10")

@@ -70,6 +70,7 @@ def assert_never_signalled(run_dir):
 # --- healthy programs: never killed, never signalled ----------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("attempt", range(HEALTHY_REPEAT))
 def test_mp_spawn_quiet_epoch_longer_than_the_hang_timeout_is_not_a_hang(cli_env, tmp_path, attempt):
@@ -85,6 +86,7 @@ def test_mp_spawn_quiet_epoch_longer_than_the_hang_timeout_is_not_a_hang(cli_env
     assert_never_signalled(run_dir)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("attempt", range(HEALTHY_REPEAT))
 def test_rank_reading_a_slow_file_is_not_a_hang(cli_env, tmp_path, attempt):
@@ -100,6 +102,7 @@ def test_rank_reading_a_slow_file_is_not_a_hang(cli_env, tmp_path, attempt):
     assert_never_signalled(run_dir)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("attempt", range(HEALTHY_REPEAT))
 def test_launch_script_ready_for_local_rank_runs_clean(cli_env, tmp_path, attempt):
@@ -112,6 +115,7 @@ def test_launch_script_ready_for_local_rank_runs_clean(cli_env, tmp_path, attemp
     assert_never_signalled(run_dir)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("attempt", range(HEALTHY_REPEAT))
 def test_ddp_loop_of_three_ranks_healthy(cli_env, tmp_path, attempt):
@@ -127,6 +131,7 @@ def test_ddp_loop_of_three_ranks_healthy(cli_env, tmp_path, attempt):
 # --- broken programs: the verdict names the rank, the call and the cause --------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_mp_spawn_rank_that_raises_is_the_cause(cli_env, tmp_path):
     script = write_script(tmp_path, "spawn_train.py", SPAWN)
@@ -147,6 +152,7 @@ def test_mp_spawn_rank_that_raises_is_the_cause(cli_env, tmp_path):
     assert_nothing_left(run_dir)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_mp_spawn_rank_that_skips_a_collective_is_the_odd_one_out(cli_env, tmp_path):
     script = write_script(tmp_path, "spawn_train.py", SPAWN)
@@ -162,6 +168,7 @@ def test_mp_spawn_rank_that_skips_a_collective_is_the_odd_one_out(cli_env, tmp_p
     assert_nothing_left(run_dir)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_launch_script_without_local_rank_is_explained(cli_env, tmp_path):
     script = write_script(tmp_path, "launch_train.py", LAUNCH)
@@ -175,6 +182,7 @@ def test_launch_script_without_local_rank_is_explained(cli_env, tmp_path):
     assert (run_dir / "verdict.txt").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ddp_rank_skipping_a_step_is_the_odd_one_out(cli_env, tmp_path):
     """Rank 1 of 3 skips a training step: it reaches the final barrier while ranks 0,2 are still in
@@ -199,6 +207,7 @@ def test_ddp_rank_skipping_a_step_is_the_odd_one_out(cli_env, tmp_path):
 # --- stacks on an mp.spawn job ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_stacks_descends_from_the_mp_spawn_parent(cli_env, tmp_path):
     """``stacks <mp.spawn parent>`` finds the 3 ranks below it (never the resource tracker), by rank."""
@@ -288,6 +297,7 @@ def _messages(tmp_path, cli_env, what, port=None):
     return p.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_messages_of_real_cpu_jobs_are_explained(cli_env, tmp_path):
     import socket

@@ -21,6 +21,7 @@ def _torchrun(args, env, nproc=2, timeout=120):
                           + args, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("nproc", [2, 3])
 def test_torchrun_world_is_joined_and_reported_once(cli_env, nproc, tmp_path):
@@ -38,6 +39,7 @@ def test_torchrun_world_is_joined_and_reported_once(cli_env, nproc, tmp_path):
     assert sorted(o["rank"] for o in pg["outcomes"]) == list(range(nproc))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_torchrun_hung_rank_is_named_by_rank_0_and_every_rank_fails(cli_env):
     env = {**cli_env, "DDPDOCTOR_PLUGINS": "faults", "FAULT_RANK": "1", "FAULT_SLEEP": "600"}
@@ -64,6 +66,7 @@ def _spawn(ranks, env_for, timeout=60):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_world_size_mismatch_names_the_ranks_that_never_arrived(cli_env):
     port = free_port()
@@ -79,6 +82,7 @@ def test_world_size_mismatch_names_the_ranks_that_never_arrived(cli_env):
     assert o1 == ""
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_slurm_environment_finds_master_from_the_nodelist(cli_env):
     job = str(int(uuid.uuid4().int % 10**6))

@@ -53,6 +53,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_readme_example_exits_cleanly_every_time(cli_env, tmp_path):
     """Run as a user runs it: 2 processes with torchrun's variables, a normal interpreter exit each,

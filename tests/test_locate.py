@@ -185,6 +185,8 @@ def _verdict(doc):
     return check, lead["data"]["verdict"], lead["data"]["hosts"]
 
 
+@pytest.mark.slow
+@pytest.mark.serial
 @needs_netns
 @pytest.mark.netns
 @pytest.mark.timeout(200)
@@ -199,6 +201,8 @@ def test_rate_limited_host_is_named_and_a_clean_world_names_no_one(cli_env, tmp_
         assert verdict["rounds"] <= 2 * math.ceil(math.log2(4)) + 3
 
 
+@pytest.mark.slow
+@pytest.mark.serial
 @needs_netns
 @pytest.mark.netns
 @pytest.mark.timeout(200)
@@ -209,6 +213,8 @@ def test_delayed_rank_is_named_through_the_fault_seam(cli_env, tmp_path):
         assert [(s["kind"], [hosts[n] for n in s["nodes"]]) for s in verdict["suspects"]] == [("node", ["node1"])], report
 
 
+@pytest.mark.slow
+@pytest.mark.serial
 @needs_netns
 @pytest.mark.netns
 @pytest.mark.timeout(200)
@@ -228,6 +234,8 @@ def test_two_switches_with_a_slow_uplink_are_named_as_the_cut_and_clean_as_nothi
         assert verdict["rounds"] <= 2 * math.ceil(math.log2(4)) + 3
 
 
+@pytest.mark.slow
+@pytest.mark.serial
 @needs_netns
 @pytest.mark.netns
 @pytest.mark.timeout(300)
@@ -244,6 +252,8 @@ def test_a_switch_behind_a_slow_uplink_is_named_as_its_group_and_clean_as_nothin
         assert verdict["rounds"] <= 2 * math.ceil(math.log2(8)) + 3
 
 
+@pytest.mark.slow
+@pytest.mark.serial
 @needs_netns
 @pytest.mark.netns
 @pytest.mark.timeout(200)
@@ -275,6 +285,8 @@ def test_a_host_whose_link_dies_mid_test_is_named_silent_without_waiting_out_the
         assert took < 60, (took, report)
 
 
+@pytest.mark.slow
+@pytest.mark.serial
 @needs_netns
 @pytest.mark.netns
 @pytest.mark.skipif(CpuQuota.unavailable() is not None, reason=str(CpuQuota.unavailable()))
@@ -371,6 +383,8 @@ def _run_straggler_job(cli_env, tmp_path, slow):
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150)
 
 
+@pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.timeout(200)
 def test_run_names_the_rank_that_works_slowest_and_a_clean_job_names_no_one(cli_env, tmp_path):
     p = _run_straggler_job(cli_env, tmp_path, slow=2)
@@ -427,6 +441,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_a_comm_hook_registered_after_the_first_forward_works_under_run(cli_env, tmp_path):
     """DDP accepts one communication hook per model; the injected timing registers none (it times
@@ -470,6 +485,8 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
+@pytest.mark.serial
 @needs_netns
 @pytest.mark.skipif(CpuQuota.unavailable() is not None, reason=str(CpuQuota.unavailable()))
 @pytest.mark.timeout(240)

@@ -33,6 +33,7 @@ def _joined_env(base, rank, world, master, port, local_world=1):
             "GLOO_SOCKET_IFNAME": "eth0"}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("rdzv", ["static", "c10d"])
 def test_torchrun_two_nodes_one_report_covering_both(cli_env, tmp_path, rdzv):
@@ -62,6 +63,7 @@ def test_torchrun_two_nodes_one_report_covering_both(cli_env, tmp_path, rdzv):
         assert h.listening(0) == [] and h.listening(1) == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_joined_without_an_agent_binds_only_the_master_address(cli_env):
     with Hosts(3) as h:
@@ -80,6 +82,7 @@ def test_joined_without_an_agent_binds_only_the_master_address(cli_env):
         assert all(h.listening(i) == [] for i in range(3))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_master_up_but_nothing_listening_is_refused(cli_env):
     with Hosts(2) as h:
@@ -91,6 +94,7 @@ def test_master_up_but_nothing_listening_is_refused(cli_env):
         assert time.monotonic() - t0 < 15
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_master_that_drops_packets_does_not_answer(cli_env):
     with Hosts(2) as h:
@@ -102,6 +106,7 @@ def test_master_that_drops_packets_does_not_answer(cli_env):
         assert "no firewall drops the port" in err
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_socket_ifname_naming_a_missing_interface_is_named_with_the_ones_that_exist(cli_env):
     with Hosts(2) as h:
@@ -115,6 +120,7 @@ def test_socket_ifname_naming_a_missing_interface_is_named_with_the_ones_that_ex
         assert "fix: set GLOO_SOCKET_IFNAME to the interface of the network the nodes share: eth0" in out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_link_down_mid_check_names_the_ranks_that_lost_contact(cli_env, tmp_path):
     marker = str(tmp_path / "reached")

@@ -37,6 +37,7 @@ def test_exactly_two_setup_commands_and_ci_runs_the_test_one():
     assert ci.index("/bin/activate") < ci.index(commands[0]) < ci.index(commands[1])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_sample_report_matches_a_real_run(cli_env):
     p = subprocess.run([sys.executable, "-m", "ddpdoctor", "check"], env=cli_env, capture_output=True, text=True,

@@ -90,6 +90,7 @@ def _assert_joined(cell, code, lines, stamp):
     assert text.count("ddpdoctor 0.1.0: ") == 1, text  # one report, from the lowest live coordinator
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_torchrun_worlds_name_the_failed_rank_first_and_fast(cli_env, tmp_path):
     """The seven kinds in torchrun worlds of 2, 3 and 4 ranks, run side by side."""
@@ -120,6 +121,7 @@ def _free_port() -> int:
     return free_port()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_bench_names_the_rank_that_failed_mid_sweep(cli_env, tmp_path):
     stamp = str(tmp_path / "stamp")
@@ -138,6 +140,7 @@ def test_bench_names_the_rank_that_failed_mid_sweep(cli_env, tmp_path):
     assert code == 1
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_torchrun_rank_whose_process_vanished_is_named_and_the_stopped_ranks_said_so(cli_env, tmp_path):
     """A rank's launched process is SIGKILLed (as the OOM killer does): torchrun stops the others with

@@ -186,6 +186,7 @@ def test_torch_version_is_read_without_importing_torch_or_metadata():
     assert out[1].split() == ["False", "False", "False"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(30)
 def test_the_command_exits_with_its_code_after_the_exit_handlers(tmp_path):
     plugin = tmp_path / "exit_probe.py"

@@ -88,6 +88,7 @@ def job_with_handler(cli_env, tmp_path):
         psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=10)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_stacks_of_a_live_torchrun_job(job_with_handler, cli_env):
     proc, pids, script, env = job_with_handler
