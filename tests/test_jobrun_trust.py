@@ -156,6 +156,8 @@ dist.all_reduce(t)
 '''
 
 
+@pytest.mark.slow
+@pytest.mark.serial  # it times the verdict against the hang: no other test beside it
 @pytest.mark.timeout(180)
 def test_a_stacks_request_during_a_hang_does_not_restart_the_hang_clock(cli_env, tmp_path):
     """The hang's verdict comes ``--hang-timeout`` after the hang began, a look at the stacks part-way
