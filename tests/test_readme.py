@@ -65,3 +65,23 @@ def test_every_check_is_documented():
     text = _readme()
     for check in all_checks():
         assert f"| `{check.name}` |" in text, check.name
+
+
+def test_every_test_the_reliability_section_names_exists():
+    """Each promise in "Reliability" names the test that keeps it: that test must exist, by file and name."""
+    section = _readme().split("## Reliability", 1)[1].split("\n## ", 1)[0]
+    named, last_file = [], None
+    for file, name in re.findall(r"`(?:(test_\w+\.py|conftest\.py))?(?:::)?(\w*)`", section):
+        if file:
+            last_file = file
+        if name and last_file and (name.startswith("test_") or file):
+            named.append((last_file, name))
+    assert len(named) >= 30, named
+    missing = []
+    for file, name in named:
+        if file == "conftest.py":
+            continue
+        with open(os.path.join(ROOT, "tests", file)) as f:
+            if not re.search(rf"^def {re.escape(name)}\(", f.read(), re.M):
+                missing.append(f"{file}::{name}")
+    assert not missing, missing
