@@ -144,31 +144,34 @@ class Watches:
 
     def poll(self, now: float, procs: list) -> list:
         """Read what the ranks wrote; the lines of findings to name now. ``procs``: run's rank records."""
-        if not (self.on["sampler-epoch"] or self.on["desync"] or self.on["data-plan"]):
+        if not self._active:
             return []
-        ranks = {p.pid: p for p in procs}
-        self._read_findings(ranks, now)
-        if self.on["data-plan"]:
-            self._read_plans(ranks, now)
+        self._read(procs, now, end=False)
         if self.on["desync"]:
-            self._read_records(ranks, now)
-            self._compare_complete(ranks, now, end=False)
             self._window(now, [p for p in procs if p.alive])
         return self._due(now, [p for p in procs if p.alive])
 
     def finish(self, procs: list) -> list:
         """After the job ended: compare what is left (the end's fingerprints); every finding not yet named."""
-        if not (self.on["sampler-epoch"] or self.on["desync"] or self.on["data-plan"]):
+        if not self._active:
             return []
         now = time.monotonic()
+        self._read(procs, now, end=True)
+        return self._due(now, [], final=True)
+
+    @property
+    def _active(self) -> bool:
+        return self.on["sampler-epoch"] or self.on["desync"] or self.on["data-plan"]
+
+    def _read(self, procs: list, now: float, end: bool) -> None:
+        """The ranks' findings, plans and fingerprint records; compare the complete fingerprint sets."""
         ranks = {p.pid: p for p in procs}
         self._read_findings(ranks, now)
         if self.on["data-plan"]:
             self._read_plans(ranks, now)
         if self.on["desync"]:
             self._read_records(ranks, now)
-            self._compare_complete(ranks, now, end=True)
-        return self._due(now, [], final=True)
+            self._compare_complete(ranks, now, end=end)
 
     # --- data-plan -------------------------------------------------------------------------------
 
