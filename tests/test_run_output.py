@@ -28,16 +28,17 @@ LOUD_BYTES = 30000 * 100
 
 @pytest.fixture
 def nearly_full_disk(tmp_path):
-    """A 256 KiB tmpfs with 56 KiB left: room for the run's small files, not for 3 MB of output."""
+    """A 512 KiB tmpfs with 128 KiB left: room for the run's small files and its hook (about 75 KiB), not
+    for 3 MB of output."""
     mnt = tmp_path / "small"
     mnt.mkdir()
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", str(mnt)], capture_output=True,
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k,mode=0700", "tmpfs", str(mnt)], capture_output=True,
                        text=True)
     if p.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here (needs root): {p.stderr.strip()}")
     try:
         with open(mnt / "filler", "wb") as f:
-            f.write(b"\0" * (200 << 10))
+            f.write(b"\0" * (384 << 10))
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
@@ -73,7 +74,7 @@ def test_a_full_disk_never_blocks_the_job(cli_env, tmp_path, nearly_full_disk, c
 def test_a_disk_too_full_for_the_run_dir_is_one_line_before_the_job_starts(cli_env, tmp_path, nearly_full_disk):
     with open(nearly_full_disk / "filler", "ab") as f:
         try:
-            f.write(b"\0" * (256 << 10))
+            f.write(b"\0" * (512 << 10))
         except OSError:
             pass
     started = tmp_path / "started"
