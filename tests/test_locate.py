@@ -306,12 +306,19 @@ def test_a_cpu_starved_host_is_named(cli_env, tmp_path):
         procs[0].wait(timeout=150)
         quota.limit(None)  # let node1's rank end quickly
 
-    with Hosts(4) as h, CpuQuota() as quota:
-        out, report, doc = _locate_world(h, cli_env, tmp_path, during=lift_when_done)
-        check, verdict, hosts = _verdict(doc)
-        assert check["status"] == "warn", report
-        assert _named(verdict, hosts) == [("node", ["node1"], [])], report
-        assert "node node1 (rank 1)" in report and "with a healthy node" in report
+    # A 2% quota is 2 ms of CPU per 100 ms period: a pair test shorter than that can fall inside one
+    # period's budget and run at full speed, so one round in a few measures node1 as healthy (seen twice
+    # in CI-like runs: "link node0, node1"). The world is tried twice; a second miss fails the test.
+    for attempt in range(2):
+        with Hosts(4) as h, CpuQuota() as quota:
+            (tmp_path / f"try{attempt}").mkdir()
+            out, report, doc = _locate_world(h, cli_env, tmp_path / f"try{attempt}", during=lift_when_done)
+            check, verdict, hosts = _verdict(doc)
+        if _named(verdict, hosts) == [("node", ["node1"], [])] or attempt == 1:
+            break
+    assert check["status"] == "warn", report
+    assert _named(verdict, hosts) == [("node", ["node1"], [])], report
+    assert "node node1 (rank 1)" in report and "with a healthy node" in report
 
 
 def test_locate_is_listed_but_not_run_by_default(cli_env):
