@@ -134,8 +134,17 @@ def test_a_stalled_log_never_holds_the_output_back(tmp_path, monkeypatch):
     monkeypatch.setattr(output, "LOG_BACKLOG", 1 << 20)
     log = tmp_path / "output.raw.log"
     os.mkfifo(log)
-    reader = os.open(log, os.O_RDONLY | os.O_NONBLOCK)  # opened, never read: the pipe fills at 64 KiB
+    reader = os.open(log, os.O_RDONLY | os.O_NONBLOCK)  # opened, never read
+    filler = os.open(log, os.O_WRONLY | os.O_NONBLOCK)
     try:
+        # The FIFO is full before the copy starts, so the log's first write blocks for good. Left to fill
+        # from the copy, a writer thread scheduled late (a loaded CI host) would see the backlog already
+        # dropped and never block, and this test would check nothing about a stalled writer.
+        try:
+            while True:
+                os.write(filler, b"x" * 65536)
+        except BlockingIOError:
+            pass
         copy = output.OutputCopy(str(log))
         r, w = os.pipe()
         sink = io.BytesIO()
@@ -152,6 +161,7 @@ def test_a_stalled_log_never_holds_the_output_back(tmp_path, monkeypatch):
         line = copy.unsaved()
         assert line.startswith("ddpdoctor run: output.raw.log is incomplete: ") and "fell more than 1 MiB behind" in line
     finally:
+        os.close(filler)
         os.close(reader)  # the blocked writer gets EPIPE and ends
 
 
