@@ -62,6 +62,18 @@ def test_every_shape_is_hidden_and_escaped_wherever_the_text_is_cut(shape):
     _clean(json.dumps(safe_data({"k": [message(shape)], message(shape): 1}), ensure_ascii=False), "safe_data")
 
 
+@pytest.mark.parametrize("url, shown", [
+    ("redis://:pa@ss@10.0.0.1:6379/0", "redis://:<redacted>@10.0.0.1:6379/0"),
+    ("https://alice:s3@cr@t@git.example.com/x.git", "https://alice:<redacted>@git.example.com/x.git"),
+    ("tcp://10.0.0.1:29400 and mail alice@example.com", "tcp://10.0.0.1:29400 and mail alice@example.com"),
+    ("https://host.example/path?to=a@b", "https://host.example/path?to=a@b"),
+])
+def test_a_password_with_a_raw_at_sign_is_hidden_whole(url, shown):
+    """URL parsers read the userinfo up to the authority's last "@"; before, the part after the
+    password's own "@" was shown."""
+    assert safe_text(url) == shown
+
+
 @pytest.mark.parametrize("line", NEGATIVES)
 def test_names_that_only_look_like_credentials_stay(line):
     assert safe_text(line) == line

@@ -61,7 +61,9 @@ def _value(bare: str) -> str:
 _BARE = r"""[^\s"',;&]{1,4096}"""
 # ://user:password@host -> the password; ://token@host -> the token (userinfo is a secret). The scheme
 # before "://" is kept as it is, so the pattern starts at "://" (one try per URL, not per letter).
-_USERINFO = re.compile(r"://([^\s/@:]{0,256}:)?([^\s/@]{1,1024})@")
+# The userinfo runs to the LAST "@" of the authority (as URL parsers read it), so a password with a raw
+# "@" in it (``redis://:pa@ss@host``) is hidden whole, not cut at its own "@".
+_USERINFO = re.compile(r"://([^\s/@:]{0,256}:)?([^\s/]{1,1024})@")
 # Authorization: Bearer xyz / 'Authorization': 'Bearer xyz' / X-Api-Key: xyz (bare: up to the end of the
 # line, since a header's value has spaces).
 _AUTH_HEADER = re.compile(r"((?:Proxy-)?Authorization|X-Api-Key|X-Auth-Token|Cookie|Set-Cookie)"
