@@ -18,6 +18,8 @@ a rank that is late or gone only makes a window be skipped.
   multiple of it (``desync-<pid>-window-<step>.json``). Also at the first step (``start``) and at the end
   (``final``). The records of one step from every rank are compared here; the first difference is
   the finding, with the tensors, the ranks, when it was first seen and the likely reason.
+* ``solo-wait``: ranks that waited in one collective for half of the process group's timeout while
+  another rank worked alone, named at once (before the timeout ends the job): :mod:`ddpdoctor.postmortem.solowait`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ddpdoctor.postmortem.solowait import SoloWait
 from ddpdoctor.system.stackframes import shown_where
 
 __all__ = ["WATCHES", "Watches", "Finding", "parse_no_watch", "watch_env", "window_from_env"]
@@ -88,6 +91,14 @@ def window_from_env(env: dict) -> float:
     return value
 
 
+def _beat_from_env(env: dict) -> float:
+    """The hook's heartbeat interval (``DDPDOCTOR_BEAT_S``, as run set it): how soon a rank answers."""
+    try:
+        return max(0.01, float(env.get("DDPDOCTOR_BEAT_S", "1")))
+    except ValueError:
+        return 1.0
+
+
 def _ranks_text(ranks: list) -> str:
     ranks = sorted(set(ranks), key=lambda r: (not isinstance(r, int), r if isinstance(r, int) else 0, str(r)))
     if len(ranks) == 1:
@@ -139,6 +150,7 @@ class Watches:
         self.start_diff: set = set()
         self.desync_found = False
         self.plans: dict = {}  # loop line -> {pid: the latest plan record}
+        self.solo = SoloWait(run_dir, _beat_from_env(env), self._add) if self.on["solo-wait"] else None
 
     # --- the loop ------------------------------------------------------------------------------
 
@@ -149,7 +161,16 @@ class Watches:
         self._read(procs, now, end=False)
         if self.on["desync"]:
             self._window(now, [p for p in procs if p.alive])
-        return self._due(now, [p for p in procs if p.alive])
+        lines = []
+        if self.solo is not None:  # named at once: the timeout may end the job before GRACE
+            for f in self.solo.poll(now, [p for p in procs if p.alive], self._solo_rank):
+                if not f.printed:
+                    f.printed = True
+                    lines.append(f.line())
+        return lines + self._due(now, [p for p in procs if p.alive])
+
+    def _solo_rank(self, proc, record: dict):
+        return proc.rank if proc.rank is not None else self._rank_of({}, proc.pid, record)
 
     def finish(self, procs: list) -> list:
         """After the job ended: compare what is left (the end's fingerprints); every finding not yet named."""
@@ -161,7 +182,7 @@ class Watches:
 
     @property
     def _active(self) -> bool:
-        return self.on["sampler-epoch"] or self.on["desync"] or self.on["data-plan"]
+        return self.on["sampler-epoch"] or self.on["desync"] or self.on["data-plan"] or self.on["solo-wait"]
 
     def _read(self, procs: list, now: float, end: bool) -> None:
         """The ranks' findings, plans and fingerprint records; compare the complete fingerprint sets."""

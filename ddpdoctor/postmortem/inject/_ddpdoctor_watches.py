@@ -33,6 +33,16 @@ ranks and reports; nothing here talks to another rank, and nothing here is a col
   (``destroy_process_group``, the first optimizer freed, or the interpreter's exit).
   ``desync-steps-<pid>`` holds the step count, rewritten by the heartbeat thread when it changed.
 
+* ``solo-wait``: the ``timeout=`` passed to ``init_process_group`` (else the backend's default: NCCL 10
+  minutes, others 30) is noted when it returns. Every beat, the heartbeat thread looks at the collective
+  the main thread is in (the hook's collective wrappers and DDP's forward and backward mark it:
+  ``_ddpdoctor_waiting`` in ``sitecustomize``), counted from when it began or the main thread's frames
+  last moved, whichever is later (a mark a failed backward left behind ends when the frames move). A
+  wait past a quarter of the timeout is written (``solo-<pid>.json``, state ``waiting``: ``run`` then
+  asks every rank where it is), past half again (state ``long``: ``run`` names it with where the ranks
+  not waiting are); the file goes when the wait ends. ``run``'s question is ``solo-ask`` (a token); the
+  answer ``solo-where-<pid>.json``: the main thread's user frame and whether it waits.
+
 Nothing here counts as progress for the hang detector: the heartbeat thread only writes when the
 job's own step count moved and only reads the period after ``run`` wrote a new one, which ``run``
 does only while steps move. Every entry point catches everything: a watch must never break the job.
@@ -137,6 +147,7 @@ class _Rank:
         self.names = {}  # optimizer's index in self.optimizers -> names of its parameters
         self.ddps = []  # weak references to the DDP models built
         self.final_done = False
+        self.solo = _SoloWait(run_dir, self._rank) if enabled("solo-wait") else None
 
     # --- installation --------------------------------------------------------------------------
 
@@ -161,6 +172,8 @@ class _Rank:
 
             self._patch_loader()
             self._patch_ddp()
+            if self.solo is not None and mods.get("torch.distributed.distributed_c10d") is not None:
+                self.solo.patch(mods["torch.distributed.distributed_c10d"], mods.get("torch.distributed"))
             mods["torch.optim.optimizer"].register_optimizer_step_pre_hook(self.pre_step)
             atexit.register(self.final, "the interpreter's exit")
         return True
@@ -504,6 +517,8 @@ class _Rank:
         """Called by the heartbeat thread every beat: install late, publish the step count, read the period."""
         if not self.installed and not self.install():
             return
+        if self.solo is not None:
+            self.solo.beat(self.info.get("main_thread"))
         if not self.desync_on:
             return
         steps = self.steps
@@ -527,6 +542,122 @@ class _Rank:
                     self.period = max(0, int(f.read(32).split()[0]))
             except (OSError, ValueError, IndexError):
                 pass
+
+
+class _SoloWait:
+    """solo-wait: a wait in one collective past a quarter, then half, of the process group's timeout."""
+
+    def __init__(self, run_dir, rank):
+        self.run_dir = run_dir
+        self.rank = rank  # the rank number, as the other watches learn it
+        self.pid = os.getpid()
+        self.timeout = None  # seconds, once init_process_group returned
+        self.timeout_from = ""
+        self.slot = None  # sitecustomize's [(start, what)]: the collective the main thread is in
+        self.here = None
+        self.moved_at = 0.0  # (monotonic) the main thread's frames last moved, at or before
+        self.last_beat = 0.0
+        self.key = None  # the wait being followed: its start
+        self.state = ""  # "" / "waiting" / "long": what solo-<pid>.json says of it
+        self.ask_seen = None
+
+    def patch(self, c10d, package):
+        """Note the ``timeout=`` that ``init_process_group`` is given (and the user's line)."""
+        real = getattr(c10d, "init_process_group", None)
+        if real is None or getattr(real, "_ddpdoctor_watch", False):
+            return
+        state = self
+
+        def init_process_group(*args, **kwargs):
+            result = real(*args, **kwargs)
+            try:
+                state.initialized(c10d, args[2] if len(args) > 2 else kwargs.get("timeout"), sys._getframe(1))
+            except Exception:  # noqa: BLE001 - never break the job
+                pass
+            return result
+
+        init_process_group._ddpdoctor_watch = True
+        init_process_group.__wrapped__ = real
+        init_process_group.__doc__ = real.__doc__
+        c10d.init_process_group = init_process_group
+        if getattr(package, "init_process_group", None) is real:
+            package.init_process_group = init_process_group
+
+    def initialized(self, c10d, timeout, frame):
+        where = _where(frame)
+        if timeout is not None and hasattr(timeout, "total_seconds"):
+            self.timeout = float(timeout.total_seconds())
+            self.timeout_from = f"timeout= passed to init_process_group at {where}" if where else \
+                "timeout= passed to init_process_group"
+            return
+        backend = str(c10d.get_backend())
+        self.timeout = float(c10d._get_default_timeout(backend).total_seconds())
+        self.timeout_from = f"{backend}'s default" + (f", init_process_group at {where}" if where else "")
+
+    def beat(self, main_id):
+        """Follow the main thread's wait; answer run's question. Called by the heartbeat thread."""
+        import time
+
+        now = time.monotonic()
+        frame = sys._current_frames().get(main_id)
+        if frame is None:
+            return
+        back = frame.f_back
+        here = (id(frame.f_code), frame.f_lineno, id(back.f_code) if back else 0, back.f_lineno if back else 0)
+        if here != self.here:
+            self.here, self.moved_at = here, self.last_beat  # it moved since the last look
+        self.last_beat = now
+        if self.slot is None:
+            injected = sys.modules.get("_ddpdoctor_injected")
+            self.slot = getattr(injected, "_ddpdoctor_waiting", None)
+        mark = self.slot[0] if self.slot is not None else None
+        waited = 0.0
+        if mark is not None and self.timeout:
+            since = max(mark[0], self.moved_at)
+            waited = now - since
+            if since != self.key:
+                self._ended()
+                self.key = since
+            for state, part in (("long", 0.5), ("waiting", 0.25)):
+                if waited >= self.timeout * part:
+                    if self.state != state and not (state == "waiting" and self.state == "long"):
+                        self.state = state
+                        _write_json(self.run_dir, f"solo-{self.pid}.json", {
+                            "pid": self.pid, "rank": self.rank(), "state": state, "what": mark[1],
+                            "since": time.time() - waited, "waited": waited, "timeout": self.timeout,
+                            "timeout_from": self.timeout_from, "where": _where(frame)})
+                    break
+        else:
+            self._ended()
+        self._answer(frame, mark is not None and waited > 0, mark)
+
+    def _ended(self):
+        if self.state:
+            self.state = ""
+            try:
+                os.unlink(os.path.join(self.run_dir, f"solo-{self.pid}.json"))
+            except OSError:
+                pass
+        self.key = None
+
+    def _answer(self, frame, waiting, mark):
+        """run asked where every rank is (``solo-ask`` changed): this rank's user frame."""
+        try:
+            st = os.stat(os.path.join(self.run_dir, "solo-ask"))
+        except OSError:
+            return
+        seen = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if seen == self.ask_seen:
+            return
+        self.ask_seen = seen
+        try:
+            with open(os.path.join(self.run_dir, "solo-ask"), "rb") as f:
+                token = f.read(64).decode("ascii", "replace").strip()
+        except OSError:
+            return
+        _write_json(self.run_dir, f"solo-where-{self.pid}.json", {
+            "pid": self.pid, "rank": self.rank(), "token": token, "where": _where(frame), "waiting": bool(waiting),
+            "what": mark[1] if mark is not None else ""})
 
 
 class _TorchLoaded:
@@ -561,7 +692,7 @@ class _TorchLoaded:
 def start(run_dir, info):
     """Start the watches in this rank (called by the injected sitecustomize); the beat function."""
     global _state
-    if not any(enabled(n) for n in ("sampler-epoch", "data-plan", "desync")):
+    if not any(enabled(n) for n in ("sampler-epoch", "data-plan", "desync", "solo-wait")):
         return None
     _state = _Rank(run_dir, info)
     if "torch" in sys.modules:
