@@ -84,9 +84,9 @@ def test_rank_saving_alone_for_most_of_the_timeout_is_named_before_it_ends_the_j
     waited = float(line.split(" waited ")[1].split(" s of ")[0])
     assert 4.0 <= waited < 8.0, line  # half the timeout, seen within a beat or two
     assert (f" s of 8 s (the process group's timeout: timeout= passed to init_process_group at {init}) in "
-            f"all_reduce at {wait} while rank 0 in {busy} worked alone: a wait that reaches 8 s ends the "
-            "job; fix: raise timeout= in init_process_group (now 8 s) above the longest solo work, or move that work "
-            "out from between the collectives") in line, line
+            f"all_reduce at {wait} for rank 0, which was still in {busy}, outside any collective: a wait that "
+            "reaches 8 s ends the job; fix: raise timeout= in init_process_group (now 8 s) above the longest solo "
+            "work, or move that work out from between the collectives") in line, line
     assert line.endswith("or make it collective (every rank takes part)"), line
     assert f"({script}:{mark_line(SOLO, 'solo_first')})" not in p.stderr  # the short save's wait: silent
     # named while the job ran: before the summary, which keeps it
@@ -98,3 +98,47 @@ def test_rank_saving_alone_for_most_of_the_timeout_is_named_before_it_ends_the_j
     assert v["kind"] == "ok" and v["exit_code"] == 0
     assert [(f["watch"], f["ranks"], f["where"]) for f in v["findings"]] == [("solo-wait", [1], wait)]
     assert busy in v["findings"][0]["what"]
+
+
+TIMEOUTS = r"""
+import datetime, json, os, sys
+sys.path.insert(0, sys.argv[2])  # the injected folder, as run puts it on PYTHONPATH
+import _ddpdoctor_watches
+_ddpdoctor_watches.start(sys.argv[1], {"rank": 0})  # before torch: installed when `import torch` ends
+import torch.distributed as dist
+seen = []
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # MARK:default_init
+seen.append([_ddpdoctor_watches._state.solo.timeout, _ddpdoctor_watches._state.solo.timeout_from])
+dist.destroy_process_group()
+dist.init_process_group("gloo", None, datetime.timedelta(seconds=5), 1, 0, dist.HashStore())  # MARK:positional_init
+seen.append([_ddpdoctor_watches._state.solo.timeout, _ddpdoctor_watches._state.solo.timeout_from])
+dist.destroy_process_group()
+os.environ["DDPDOCTOR_WATCH_SOLO_WAIT"] = "0"
+seen.append(_ddpdoctor_watches._Rank(sys.argv[1], {}).solo is None)
+print(json.dumps(seen))
+"""
+
+
+def test_the_timeout_is_the_one_init_process_group_was_given_else_the_backends_default(tmp_path):
+    """The rank side alone, in a real process: ``timeout=`` given by position is read; none given is
+    gloo's default (30 min), named as such; ``DDPDOCTOR_WATCH_SOLO_WAIT=0`` turns the watch off."""
+    import os
+
+    import ddpdoctor.postmortem.rundir as rundir
+
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    for source, name in rundir.inject_files():
+        if name != "sitecustomize.py":
+            os.symlink(source, inject / name)
+    script = write_script(tmp_path, "timeouts.py", TIMEOUTS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DDPDOCTOR_")}
+    p = subprocess.run([sys.executable, script, str(tmp_path), str(inject)], capture_output=True, text=True,
+                       timeout=100, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    default, positional, off = json.loads(p.stdout.splitlines()[-1])
+    assert default == [1800.0, f"gloo's default, init_process_group at <module> "
+                                f"({script}:{mark_line(TIMEOUTS, 'default_init')})"]
+    assert positional == [5.0, f"timeout= passed to init_process_group at <module> "
+                               f"({script}:{mark_line(TIMEOUTS, 'positional_init')})"]
+    assert off is True

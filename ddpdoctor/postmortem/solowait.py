@@ -136,15 +136,17 @@ class SoloWait:
             answer = answers.get(p.pid)
             label = f"rank {rank_of(p, answer or {})}"
             if answer is None:
-                late.append(f"{label} (its hook did not answer)")
+                late.append(f"{label} (whose hook did not answer)")
             elif answer.get("waiting"):
-                late.append(f"{label} in {answer.get('what') or 'another collective'} at {answer.get('where', '')}")
+                late.append(f"{label}, which was in {answer.get('what') or 'another collective'} at "
+                            f"{answer.get('where', '')}")
             else:
-                late.append(f"{label} in {answer.get('where') or 'code the hook could not name'}")
+                late.append(f"{label}, which was still in {answer.get('where') or 'code the hook could not name'}, "
+                            "outside any collective")
         who = "rank" if len(waiting) == 1 else "ranks"
         text = (f"{who} {', '.join(str(r) for r in waiting)} waited {_duration(waited)} of {_duration(timeout)} (the "
                 f"process group's timeout: {record.get('timeout_from') or 'its default'}) in {what} at {where} "
-                f"while {' and '.join(late)} worked alone: a wait that reaches {_duration(timeout)} ends the job")
+                f"for {'; and for '.join(late)}: a wait that reaches {_duration(timeout)} ends the job")
         fix = (f"raise timeout= in init_process_group (now {_duration(timeout)}) above the longest solo work, or "
                "move that work out from between the collectives (after the last one, or into a background thread) "
                "or make it collective (every rank takes part)")
