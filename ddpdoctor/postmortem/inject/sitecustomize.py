@@ -170,7 +170,10 @@ def _ddpdoctor_time_collectives(events):
     """Wrap torch.distributed's blocking collectives and DDP's all-reduce; True once done."""
     import time
 
+    import threading
+
     waiting = _ddpdoctor_waiting
+    main, ident = threading.main_thread().ident, threading.get_ident  # a collective of another thread: not marked
 
     c10d = _ddpdoctor_loaded("torch.distributed.distributed_c10d")
     package = _ddpdoctor_loaded("torch.distributed")
@@ -183,11 +186,14 @@ def _ddpdoctor_time_collectives(events):
             if kwargs.get("async_op"):
                 return real(*args, **kwargs)  # completes later, at wait(): not timed
             t0 = clock()
-            held, waiting[0] = waiting[0], (t0, name)
+            mine = ident() == main
+            if mine:
+                held, waiting[0] = waiting[0], (t0, name)
             try:
                 return real(*args, **kwargs)
             finally:
-                waiting[0] = held
+                if mine:
+                    waiting[0] = held
                 events.append((t0, clock()))
         name = getattr(real, "__name__", "collective")
         timed.__wrapped__ = real
