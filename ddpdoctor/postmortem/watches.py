@@ -99,6 +99,10 @@ def _beat_from_env(env: dict) -> float:
         return 1.0
 
 
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
 def _ranks_text(ranks: list) -> str:
     ranks = sorted(set(ranks), key=lambda r: (not isinstance(r, int), r if isinstance(r, int) else 0, str(r)))
     if len(ranks) == 1:
@@ -190,6 +194,7 @@ class Watches:
         self._read_findings(ranks, now)
         if self.on["data-plan"]:
             self._read_plans(ranks, now)
+            self._read_counts(ranks, now)
         if self.on["desync"]:
             self._read_records(ranks, now)
             self._compare_complete(ranks, now, end=end)
@@ -239,6 +244,44 @@ class Watches:
             f = self._add("data-plan", where, what, fix, where, records[0]["rank"], now)
             for r in records[1:]:
                 f.ranks.append(r["rank"])
+
+    def _read_counts(self, ranks: dict, now: float) -> None:
+        """Loaders without len(): the same training pass (the n-th over a loop line) read different numbers of
+        batches on different ranks, once one rank's pass ended and another's count differs from it."""
+        passes: dict = {}  # (loop line, pass number) -> {rank: (batches, ended)}
+        training: set = set()  # the passes during which an optimizer stepped on some rank
+        for path in glob.glob(os.path.join(glob.escape(self.run_dir), "count-[0-9]*.json")):
+            try:
+                with open(path) as f:
+                    record = json.load(f)
+                pid = int(record.get("pid", 0))
+                rows = [(str(w), int(n), int(b), bool(e), bool(t)) for w, n, b, e, t in record.get("passes", [])]
+            except (OSError, ValueError, TypeError):
+                continue
+            for where, n, batches, ended, trained in rows:
+                passes.setdefault((where, n), {})[self._rank_of(ranks, pid, record)] = (batches, ended)
+                if trained:
+                    training.add((where, n))
+        for (where, n), counts in sorted(passes.items(), key=lambda kv: kv[0][1]):
+            if ("data-plan", f"counted:{where}") in self.by_key or len(counts) < 2 or (where, n) not in training:
+                continue  # an evaluation pass (no optimizer step on any rank) may read uneven shards
+            ended = {b for b, e in counts.values() if e}
+            if not ended or (len(ended) == 1 and not any(b > min(ended) for b, e in counts.values() if not e)):
+                continue  # no rank's pass ended yet, or the others agree with it so far
+            shown = "; ".join(f"rank {r} {b}" + ("" if e else " so far (still reading)")
+                              for r, (b, e) in sorted(counts.items(), key=lambda kv: str(kv[0])))
+            what = (f"the ranks read different numbers of batches in the same pass (the {_ordinal(n + 1)}) over the "
+                    f"loader at {where}, which has no len(): batches counted: {shown}; a rank with more batches "
+                    "waits in a collective the others never join (the epoch's end hangs) or pairs collectives of "
+                    "different steps")
+            fix = ("give every rank the same number of batches: split an IterableDataset's stream evenly by rank "
+                   "(torch.utils.data.get_worker_info() for its workers too) and stop every rank at the same "
+                   "count; for uneven inputs on purpose, DDP's join() context manager")
+            ranks_sorted = sorted(counts, key=str)
+            f = self._add("data-plan", f"counted:{where}", what, fix, where, ranks_sorted[0], now)
+            for r in ranks_sorted[1:]:
+                if r not in f.ranks:
+                    f.ranks.append(r)
 
     def to_json(self) -> list:
         return [f.to_dict() for f in self.findings]

@@ -21,7 +21,9 @@ ranks and reports; nothing here talks to another rank, and nothing here is a col
   (the batches), the dataset's length, the sampler's ``num_replicas``, ``seed`` and ``drop_last``, the
   loader's ``drop_last``; written (``plan-<pid>-<n>.json``) when it changed for that loop line, so
   usually once per loop: ``run`` compares the ranks' plans and names a difference before the epoch's
-  end hangs on it.
+  end hangs on it. A loader without ``len()`` (an IterableDataset) has its batches counted as each pass
+  reads them (``count-<pid>.json``, see :class:`_PassCounts`): ``run`` names ranks whose same pass read
+  different numbers, as soon as one rank's pass ended and another's read past it.
 * ``desync``: optimizer steps are counted (a global step pre-hook: one Python call per step). At the
   first step, and at the start of every step whose count is a multiple of the period ``run`` wrote
   (``desync-period``: the optimizer steps of one window, read by the heartbeat thread when the file
@@ -148,6 +150,7 @@ class _Rank:
         self.ddps = []  # weak references to the DDP models built
         self.final_done = False
         self.solo = _SoloWait(run_dir, self._rank) if enabled("solo-wait") else None
+        self.counts = None  # data-plan: the batches of passes over loaders without len(), counted
 
     # --- installation --------------------------------------------------------------------------
 
@@ -281,7 +284,7 @@ class _Rank:
             return
         where = _where(frame)
         if self.plan_on:
-            self._plan(loader, where)
+            self._plan(loader, where, it)
         if not self.sampler_on:
             return
         sampler = None
@@ -314,7 +317,7 @@ class _Rank:
         # a loader with persistent workers hands out the same iterator every pass: a new pass ends the last
         self.open_passes = [q for q in self.open_passes if q.iterator() is not None and q.iterator() is not it] + [p]
 
-    def _plan(self, loader, where):
+    def _plan(self, loader, where, it=None):
         """data-plan: what this pass will read (batches, the sampler's shard), written when it changed."""
         plan = {}
         for name, get in (("batches", lambda: len(loader)), ("dataset length", lambda: len(loader.dataset))):
@@ -322,6 +325,10 @@ class _Rank:
                 plan[name] = int(get())
             except Exception:  # noqa: BLE001 - an IterableDataset, a sampler without __len__
                 pass
+        if "batches" not in plan and it is not None:  # no len(): the batches are counted as the pass reads them
+            if self.counts is None:
+                self.counts = _PassCounts(self.run_dir, self._rank, lambda: self.steps)
+            self.counts.start(it, where)
         sampler = getattr(loader, "sampler", None)
         for attr, name in (("num_replicas", "num_replicas"), ("seed", "seed"), ("drop_last", "sampler drop_last")):
             value = getattr(sampler, attr, None)
@@ -519,6 +526,8 @@ class _Rank:
             return
         if self.solo is not None:
             self.solo.beat(self.info.get("main_thread"))
+        if self.counts is not None:
+            self.counts.write()
         if not self.desync_on:
             return
         steps = self.steps
@@ -542,6 +551,77 @@ class _Rank:
                     self.period = max(0, int(f.read(32).split()[0]))
             except (OSError, ValueError, IndexError):
                 pass
+
+
+class _PassCounts:
+    """data-plan for loaders without ``len()`` (an IterableDataset): each pass's batches, counted as read.
+
+    The n-th pass over a loop line is the same pass on every rank. ``count-<pid>.json`` holds the last
+    two passes of each loop (batches read so far, ended or not, an optimizer stepped during it or not:
+    only a training pass is compared, an evaluation may read uneven shards): rewritten by the main thread when a pass
+    ends and by the heartbeat when a count moved (a rank blocked in its extra batch's collective still
+    publishes it). The count is one attribute read and an increment per batch, in a wrapper of the loader
+    iterator's ``__next__`` made when the first such loader is seen."""
+
+    def __init__(self, run_dir, rank, steps):
+        self.run_dir = run_dir
+        self.rank = rank
+        self.steps = steps  # the optimizer steps so far: a pass during which one stepped is a training pass
+        self.pid = os.getpid()
+        self.passes = {}  # loop line -> [pass number, ...records]
+        self.records = []  # [where, n, batches, ended]: the last two of each loop
+        self.written = None
+        self.lock = __import__("threading").Lock()  # the main thread (a pass ended) and the heartbeat write
+        self._patch()
+
+    @staticmethod
+    def _patch():
+        cls = sys.modules["torch.utils.data.dataloader"]._BaseDataLoaderIter
+        real = cls.__dict__.get("__next__")
+        if real is None or getattr(real, "_ddpdoctor_watch", False):
+            return
+
+        def __next__(it):
+            record = it.__dict__.get("_ddpdoctor_count")
+            if record is None:
+                return real(it)
+            try:
+                batch = real(it)
+            except StopIteration:
+                if not record[3]:
+                    record[3] = True
+                    record[5] = record[4].steps() - record[5]  # ended: the steps it saw, frozen
+                    try:
+                        record[4].write()
+                    except Exception:  # noqa: BLE001 - never break the job
+                        pass
+                raise
+            record[2] += 1
+            return batch
+
+        __next__._ddpdoctor_watch = True
+        __next__.__wrapped__ = real
+        cls.__next__ = __next__
+
+    def start(self, it, where):
+        n = self.passes.get(where, -1) + 1
+        self.passes[where] = n
+        record = [where, n, 0, False, self, self.steps()]  # ..., the steps at its start (at its end: its own)
+        it.__dict__["_ddpdoctor_count"] = record
+        same = [r for r in self.records if r[0] == where]
+        if len(same) >= 2:
+            self.records.remove(same[0])
+        self.records.append(record)
+
+    def write(self):
+        with self.lock:
+            steps = self.steps()
+            rows = [r[:4] + [(r[5] if r[3] else steps - r[5]) > 0] for r in list(self.records)]
+            if rows == self.written:
+                return
+            self.written = rows
+            _write_json(self.run_dir, f"count-{self.pid}.json", {"pid": self.pid, "rank": self.rank(),
+                                                                 "passes": rows})
 
 
 class _SoloWait:
