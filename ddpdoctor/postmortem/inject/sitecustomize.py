@@ -168,9 +168,8 @@ _ddpdoctor_waiting = [None]  # (monotonic start, what): the collective the main 
 
 def _ddpdoctor_time_collectives(events):
     """Wrap torch.distributed's blocking collectives and DDP's all-reduce; True once done."""
-    import time
-
     import threading
+    import time
 
     waiting = _ddpdoctor_waiting
     main, ident = threading.main_thread().ident, threading.get_ident  # a collective of another thread: not marked
@@ -197,7 +196,7 @@ def _ddpdoctor_time_collectives(events):
                 events.append((t0, clock()))
         name = getattr(real, "__name__", "collective")
         timed.__wrapped__ = real
-        timed.__name__ = getattr(real, "__name__", "collective")
+        timed.__name__ = name
         timed.__doc__ = getattr(real, "__doc__", None)
         timed._ddpdoctor_timed = True
         return timed
