@@ -142,3 +142,41 @@ def test_the_timeout_is_the_one_init_process_group_was_given_else_the_backends_d
     assert positional == [5.0, f"timeout= passed to init_process_group at <module> "
                                f"({script}:{mark_line(TIMEOUTS, 'positional_init')})"]
     assert off is True
+
+
+def test_run_side_groups_the_waiting_ranks_names_each_line_once_and_nothing_when_all_wait(tmp_path):
+    """run's side alone, on the files the hook writes (their format as in ``_ddpdoctor_watches``): three
+    ranks, two waiting at one line for a third; then every rank waiting (a hang: the hang detector's, not
+    this watch's); a second wait at a named line is not named again."""
+    import types
+
+    from ddpdoctor.postmortem.watches import Watches
+
+    def write(name, data):
+        (tmp_path / name).write_text(json.dumps(data))
+
+    procs = [types.SimpleNamespace(pid=100 + r, rank=r, alive=True) for r in range(3)]
+    w = Watches(str(tmp_path), 60.0, {"DDPDOCTOR_BEAT_S": "0.5"})
+    wait = {"state": "waiting", "what": "barrier", "waited": 450.0, "timeout": 1800.0,
+            "timeout_from": "gloo's default", "where": "train (t.py:9)"}
+    for r in (1, 2):
+        write(f"solo-{100 + r}.json", {**wait, "pid": 100 + r, "rank": r})
+    assert w.poll(0.0, procs) == []  # a quarter: only a question for every rank
+    token = (tmp_path / "solo-ask").read_text().strip()
+    write("solo-where-100.json", {"pid": 100, "rank": 0, "token": token, "where": "save (t.py:4)", "waiting": False,
+                                  "what": ""})
+    for r in (1, 2):
+        write(f"solo-{100 + r}.json", {**wait, "state": "long", "waited": 900.0, "pid": 100 + r, "rank": r})
+    lines = w.poll(0.3, procs)
+    assert lines == ["[solo-wait] ranks 1, 2: ranks 1, 2 waited 15 min of 30 min (the process group's timeout: "
+                     "gloo's default) in barrier at train (t.py:9) for rank 0, which was still in save (t.py:4), "
+                     "outside any collective: a wait that reaches 30 min ends the job; fix: raise timeout= in "
+                     "init_process_group (now 30 min) above the longest solo work, or move that work out from "
+                     "between the collectives (after the last one, or into a background thread) or make it "
+                     "collective (every rank takes part)"]
+    assert w.poll(5.0, procs) == []  # named once
+    # every rank waits at another line: nobody works alone
+    for r in range(3):
+        write(f"solo-{100 + r}.json", {**wait, "state": "long", "where": "train (t.py:12)", "pid": 100 + r, "rank": r})
+    assert w.poll(10.0, procs) == [] and w.poll(20.0, procs) == []
+    assert [f.where for f in w.findings] == ["train (t.py:9)"]
