@@ -18,6 +18,8 @@ a rank that is late or gone only makes a window be skipped.
   multiple of it (``desync-<pid>-window-<step>.json``). Also at the first step (``start``) and at the end
   (``final``). The records of one step from every rank are compared here; the first difference is
   the finding, with the tensors, the ranks, when it was first seen and the likely reason.
+* ``solo-wait``: ranks that waited in one collective for half of the process group's timeout while
+  another rank worked alone, named at once (before the timeout ends the job): :mod:`ddpdoctor.postmortem.solowait`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ddpdoctor.postmortem.solowait import SoloWait
 from ddpdoctor.system.stackframes import shown_where
 
 __all__ = ["WATCHES", "Watches", "Finding", "parse_no_watch", "watch_env", "window_from_env"]
@@ -88,6 +91,18 @@ def window_from_env(env: dict) -> float:
     return value
 
 
+def _beat_from_env(env: dict) -> float:
+    """The hook's heartbeat interval (``DDPDOCTOR_BEAT_S``, as run set it): how soon a rank answers."""
+    try:
+        return max(0.01, float(env.get("DDPDOCTOR_BEAT_S", "1")))
+    except ValueError:
+        return 1.0
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
 def _ranks_text(ranks: list) -> str:
     ranks = sorted(set(ranks), key=lambda r: (not isinstance(r, int), r if isinstance(r, int) else 0, str(r)))
     if len(ranks) == 1:
@@ -139,6 +154,7 @@ class Watches:
         self.start_diff: set = set()
         self.desync_found = False
         self.plans: dict = {}  # loop line -> {pid: the latest plan record}
+        self.solo = SoloWait(run_dir, _beat_from_env(env), self._add) if self.on["solo-wait"] else None
 
     # --- the loop ------------------------------------------------------------------------------
 
@@ -149,7 +165,16 @@ class Watches:
         self._read(procs, now, end=False)
         if self.on["desync"]:
             self._window(now, [p for p in procs if p.alive])
-        return self._due(now, [p for p in procs if p.alive])
+        lines = []
+        if self.solo is not None:  # named at once: the timeout may end the job before GRACE
+            for f in self.solo.poll(now, [p for p in procs if p.alive], self._solo_rank):
+                if not f.printed:
+                    f.printed = True
+                    lines.append(f.line())
+        return lines + self._due(now, [p for p in procs if p.alive])
+
+    def _solo_rank(self, proc, record: dict):
+        return proc.rank if proc.rank is not None else self._rank_of({}, proc.pid, record)
 
     def finish(self, procs: list) -> list:
         """After the job ended: compare what is left (the end's fingerprints); every finding not yet named."""
@@ -161,7 +186,7 @@ class Watches:
 
     @property
     def _active(self) -> bool:
-        return self.on["sampler-epoch"] or self.on["desync"] or self.on["data-plan"]
+        return self.on["sampler-epoch"] or self.on["desync"] or self.on["data-plan"] or self.on["solo-wait"]
 
     def _read(self, procs: list, now: float, end: bool) -> None:
         """The ranks' findings, plans and fingerprint records; compare the complete fingerprint sets."""
@@ -169,6 +194,7 @@ class Watches:
         self._read_findings(ranks, now)
         if self.on["data-plan"]:
             self._read_plans(ranks, now)
+            self._read_counts(ranks, now)
         if self.on["desync"]:
             self._read_records(ranks, now)
             self._compare_complete(ranks, now, end=end)
@@ -218,6 +244,44 @@ class Watches:
             f = self._add("data-plan", where, what, fix, where, records[0]["rank"], now)
             for r in records[1:]:
                 f.ranks.append(r["rank"])
+
+    def _read_counts(self, ranks: dict, now: float) -> None:
+        """Loaders without len(): the same training pass (the n-th over a loop line) read different numbers of
+        batches on different ranks, once one rank's pass ended and another's count differs from it."""
+        passes: dict = {}  # (loop line, pass number) -> {rank: (batches, ended)}
+        training: set = set()  # the passes during which an optimizer stepped on some rank
+        for path in glob.glob(os.path.join(glob.escape(self.run_dir), "count-[0-9]*.json")):
+            try:
+                with open(path) as f:
+                    record = json.load(f)
+                pid = int(record.get("pid", 0))
+                rows = [(str(w), int(n), int(b), bool(e), bool(t)) for w, n, b, e, t in record.get("passes", [])]
+            except (OSError, ValueError, TypeError):
+                continue
+            for where, n, batches, ended, trained in rows:
+                passes.setdefault((where, n), {})[self._rank_of(ranks, pid, record)] = (batches, ended)
+                if trained:
+                    training.add((where, n))
+        for (where, n), counts in sorted(passes.items(), key=lambda kv: kv[0][1]):
+            if ("data-plan", f"counted:{where}") in self.by_key or len(counts) < 2 or (where, n) not in training:
+                continue  # an evaluation pass (no optimizer step on any rank) may read uneven shards
+            ended = {b for b, e in counts.values() if e}
+            if not ended or (len(ended) == 1 and not any(b > min(ended) for b, e in counts.values() if not e)):
+                continue  # no rank's pass ended yet, or the others agree with it so far
+            shown = "; ".join(f"rank {r} {b}" + ("" if e else " so far (still reading)")
+                              for r, (b, e) in sorted(counts.items(), key=lambda kv: str(kv[0])))
+            what = (f"the ranks read different numbers of batches in the same pass (the {_ordinal(n + 1)}) over the "
+                    f"loader at {where}, which has no len(): batches counted: {shown}; a rank with more batches "
+                    "waits in a collective the others never join (the epoch's end hangs) or pairs collectives of "
+                    "different steps")
+            fix = ("give every rank the same number of batches: split an IterableDataset's stream evenly by rank "
+                   "(torch.utils.data.get_worker_info() for its workers too) and stop every rank at the same "
+                   "count; for uneven inputs on purpose, DDP's join() context manager")
+            ranks_sorted = sorted(counts, key=str)
+            f = self._add("data-plan", f"counted:{where}", what, fix, where, ranks_sorted[0], now)
+            for r in ranks_sorted[1:]:
+                if r not in f.ranks:
+                    f.ranks.append(r)
 
     def to_json(self) -> list:
         return [f.to_dict() for f in self.findings]

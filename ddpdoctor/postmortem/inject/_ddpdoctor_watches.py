@@ -21,7 +21,9 @@ ranks and reports; nothing here talks to another rank, and nothing here is a col
   (the batches), the dataset's length, the sampler's ``num_replicas``, ``seed`` and ``drop_last``, the
   loader's ``drop_last``; written (``plan-<pid>-<n>.json``) when it changed for that loop line, so
   usually once per loop: ``run`` compares the ranks' plans and names a difference before the epoch's
-  end hangs on it.
+  end hangs on it. A loader without ``len()`` (an IterableDataset) has its batches counted as each pass
+  reads them (``count-<pid>.json``, see :class:`_PassCounts`): ``run`` names ranks whose same pass read
+  different numbers, as soon as one rank's pass ended and another's read past it.
 * ``desync``: optimizer steps are counted (a global step pre-hook: one Python call per step). At the
   first step, and at the start of every step whose count is a multiple of the period ``run`` wrote
   (``desync-period``: the optimizer steps of one window, read by the heartbeat thread when the file
@@ -32,6 +34,16 @@ ranks and reports; nothing here talks to another rank, and nothing here is a col
   attached to a DDP model after it was built, ``init_sync``, the user's line. Once more at the end
   (``destroy_process_group``, the first optimizer freed, or the interpreter's exit).
   ``desync-steps-<pid>`` holds the step count, rewritten by the heartbeat thread when it changed.
+
+* ``solo-wait``: the ``timeout=`` passed to ``init_process_group`` (else the backend's default: NCCL 10
+  minutes, others 30) is noted when it returns. Every beat, the heartbeat thread looks at the collective
+  the main thread is in (the hook's collective wrappers and DDP's forward and backward mark it:
+  ``_ddpdoctor_waiting`` in ``sitecustomize``), counted from when it began or the main thread's frames
+  last moved, whichever is later (a mark a failed backward left behind ends when the frames move). A
+  wait past a quarter of the timeout is written (``solo-<pid>.json``, state ``waiting``: ``run`` then
+  asks every rank where it is), past half again (state ``long``: ``run`` names it with where the ranks
+  not waiting are); the file goes when the wait ends. ``run``'s question is ``solo-ask`` (a token); the
+  answer ``solo-where-<pid>.json``: the main thread's user frame and whether it waits.
 
 Nothing here counts as progress for the hang detector: the heartbeat thread only writes when the
 job's own step count moved and only reads the period after ``run`` wrote a new one, which ``run``
@@ -137,6 +149,8 @@ class _Rank:
         self.names = {}  # optimizer's index in self.optimizers -> names of its parameters
         self.ddps = []  # weak references to the DDP models built
         self.final_done = False
+        self.solo = _SoloWait(run_dir, self._rank) if enabled("solo-wait") else None
+        self.counts = None  # data-plan: the batches of passes over loaders without len(), counted
 
     # --- installation --------------------------------------------------------------------------
 
@@ -161,6 +175,8 @@ class _Rank:
 
             self._patch_loader()
             self._patch_ddp()
+            if self.solo is not None and mods.get("torch.distributed.distributed_c10d") is not None:
+                self.solo.patch(mods["torch.distributed.distributed_c10d"], mods.get("torch.distributed"))
             mods["torch.optim.optimizer"].register_optimizer_step_pre_hook(self.pre_step)
             atexit.register(self.final, "the interpreter's exit")
         return True
@@ -268,7 +284,7 @@ class _Rank:
             return
         where = _where(frame)
         if self.plan_on:
-            self._plan(loader, where)
+            self._plan(loader, where, it)
         if not self.sampler_on:
             return
         sampler = None
@@ -301,7 +317,7 @@ class _Rank:
         # a loader with persistent workers hands out the same iterator every pass: a new pass ends the last
         self.open_passes = [q for q in self.open_passes if q.iterator() is not None and q.iterator() is not it] + [p]
 
-    def _plan(self, loader, where):
+    def _plan(self, loader, where, it=None):
         """data-plan: what this pass will read (batches, the sampler's shard), written when it changed."""
         plan = {}
         for name, get in (("batches", lambda: len(loader)), ("dataset length", lambda: len(loader.dataset))):
@@ -309,6 +325,10 @@ class _Rank:
                 plan[name] = int(get())
             except Exception:  # noqa: BLE001 - an IterableDataset, a sampler without __len__
                 pass
+        if "batches" not in plan and it is not None:  # no len(): the batches are counted as the pass reads them
+            if self.counts is None:
+                self.counts = _PassCounts(self.run_dir, self._rank, lambda: self.steps)
+            self.counts.start(it, where)
         sampler = getattr(loader, "sampler", None)
         for attr, name in (("num_replicas", "num_replicas"), ("seed", "seed"), ("drop_last", "sampler drop_last")):
             value = getattr(sampler, attr, None)
@@ -504,6 +524,10 @@ class _Rank:
         """Called by the heartbeat thread every beat: install late, publish the step count, read the period."""
         if not self.installed and not self.install():
             return
+        if self.solo is not None:
+            self.solo.beat(self.info.get("main_thread"))
+        if self.counts is not None:
+            self.counts.write()
         if not self.desync_on:
             return
         steps = self.steps
@@ -527,6 +551,193 @@ class _Rank:
                     self.period = max(0, int(f.read(32).split()[0]))
             except (OSError, ValueError, IndexError):
                 pass
+
+
+class _PassCounts:
+    """data-plan for loaders without ``len()`` (an IterableDataset): each pass's batches, counted as read.
+
+    The n-th pass over a loop line is the same pass on every rank. ``count-<pid>.json`` holds the last
+    two passes of each loop (batches read so far, ended or not, an optimizer stepped during it or not:
+    only a training pass is compared, an evaluation may read uneven shards): rewritten by the main thread when a pass
+    ends and by the heartbeat when a count moved (a rank blocked in its extra batch's collective still
+    publishes it). The count is one attribute read and an increment per batch, in a wrapper of the loader
+    iterator's ``__next__`` made when the first such loader is seen."""
+
+    def __init__(self, run_dir, rank, steps):
+        self.run_dir = run_dir
+        self.rank = rank
+        self.steps = steps  # the optimizer steps so far: a pass during which one stepped is a training pass
+        self.pid = os.getpid()
+        self.passes = {}  # loop line -> [pass number, ...records]
+        self.records = []  # [where, n, batches, ended]: the last two of each loop
+        self.written = None
+        self.lock = __import__("threading").Lock()  # the main thread (a pass ended) and the heartbeat write
+        self._patch()
+
+    @staticmethod
+    def _patch():
+        cls = sys.modules["torch.utils.data.dataloader"]._BaseDataLoaderIter
+        real = cls.__dict__.get("__next__")
+        if real is None or getattr(real, "_ddpdoctor_watch", False):
+            return
+
+        def __next__(it):
+            record = it.__dict__.get("_ddpdoctor_count")
+            if record is None:
+                return real(it)
+            try:
+                batch = real(it)
+            except StopIteration:
+                if not record[3]:
+                    record[3] = True
+                    record[5] = record[4].steps() - record[5]  # ended: the steps it saw, frozen
+                    try:
+                        record[4].write()
+                    except Exception:  # noqa: BLE001 - never break the job
+                        pass
+                raise
+            record[2] += 1
+            return batch
+
+        __next__._ddpdoctor_watch = True
+        __next__.__wrapped__ = real
+        cls.__next__ = __next__
+
+    def start(self, it, where):
+        n = self.passes.get(where, -1) + 1
+        self.passes[where] = n
+        record = [where, n, 0, False, self, self.steps()]  # ..., the steps at its start (at its end: its own)
+        it.__dict__["_ddpdoctor_count"] = record
+        same = [r for r in self.records if r[0] == where]
+        if len(same) >= 2:
+            self.records.remove(same[0])
+        self.records.append(record)
+
+    def write(self):
+        with self.lock:
+            steps = self.steps()
+            rows = [r[:4] + [(r[5] if r[3] else steps - r[5]) > 0] for r in list(self.records)]
+            if rows == self.written:
+                return
+            self.written = rows
+            _write_json(self.run_dir, f"count-{self.pid}.json", {"pid": self.pid, "rank": self.rank(),
+                                                                 "passes": rows})
+
+
+class _SoloWait:
+    """solo-wait: a wait in one collective past a quarter, then half, of the process group's timeout."""
+
+    def __init__(self, run_dir, rank):
+        self.run_dir = run_dir
+        self.rank = rank  # the rank number, as the other watches learn it
+        self.pid = os.getpid()
+        self.timeout = None  # seconds, once init_process_group returned
+        self.timeout_from = ""
+        self.slot = None  # sitecustomize's [(start, what)]: the collective the main thread is in
+        self.here = None
+        self.moved_at = 0.0  # (monotonic) the main thread's frames last moved, at or before
+        self.last_beat = 0.0
+        self.key = None  # the wait being followed: its start
+        self.state = ""  # "" / "waiting" / "long": what solo-<pid>.json says of it
+        self.ask_seen = None
+
+    def patch(self, c10d, package):
+        """Note the ``timeout=`` that ``init_process_group`` is given (and the user's line)."""
+        real = getattr(c10d, "init_process_group", None)
+        if real is None or getattr(real, "_ddpdoctor_watch", False):
+            return
+        state = self
+
+        def init_process_group(*args, **kwargs):
+            result = real(*args, **kwargs)
+            try:
+                state.initialized(c10d, args[2] if len(args) > 2 else kwargs.get("timeout"), sys._getframe(1))
+            except Exception:  # noqa: BLE001 - never break the job
+                pass
+            return result
+
+        init_process_group._ddpdoctor_watch = True
+        init_process_group.__wrapped__ = real
+        init_process_group.__doc__ = real.__doc__
+        c10d.init_process_group = init_process_group
+        if getattr(package, "init_process_group", None) is real:
+            package.init_process_group = init_process_group
+
+    def initialized(self, c10d, timeout, frame):
+        where = _where(frame)
+        if timeout is not None and hasattr(timeout, "total_seconds"):
+            self.timeout = float(timeout.total_seconds())
+            self.timeout_from = f"timeout= passed to init_process_group at {where}" if where else \
+                "timeout= passed to init_process_group"
+            return
+        backend = str(c10d.get_backend())
+        self.timeout = float(c10d._get_default_timeout(backend).total_seconds())
+        self.timeout_from = f"{backend}'s default" + (f", init_process_group at {where}" if where else "")
+
+    def beat(self, main_id):
+        """Follow the main thread's wait; answer run's question. Called by the heartbeat thread."""
+        import time
+
+        now = time.monotonic()
+        frame = sys._current_frames().get(main_id)
+        if frame is None:
+            return
+        back = frame.f_back
+        here = (id(frame.f_code), frame.f_lineno, id(back.f_code) if back else 0, back.f_lineno if back else 0)
+        if here != self.here:
+            self.here, self.moved_at = here, self.last_beat  # it moved since the last look
+        self.last_beat = now
+        if self.slot is None:
+            injected = sys.modules.get("_ddpdoctor_injected")
+            self.slot = getattr(injected, "_ddpdoctor_waiting", None)
+        mark = self.slot[0] if self.slot is not None else None
+        waited = 0.0
+        if mark is not None and self.timeout:
+            since = max(mark[0], self.moved_at)
+            waited = now - since
+            if since != self.key:
+                self._ended()
+                self.key = since
+            for state, part in (("long", 0.5), ("waiting", 0.25)):
+                if waited >= self.timeout * part:
+                    if self.state != state and not (state == "waiting" and self.state == "long"):
+                        self.state = state
+                        _write_json(self.run_dir, f"solo-{self.pid}.json", {
+                            "pid": self.pid, "rank": self.rank(), "state": state, "what": mark[1],
+                            "since": time.time() - waited, "waited": waited, "timeout": self.timeout,
+                            "timeout_from": self.timeout_from, "where": _where(frame)})
+                    break
+        else:
+            self._ended()
+        self._answer(frame, mark is not None and waited > 0, mark)
+
+    def _ended(self):
+        if self.state:
+            self.state = ""
+            try:
+                os.unlink(os.path.join(self.run_dir, f"solo-{self.pid}.json"))
+            except OSError:
+                pass
+        self.key = None
+
+    def _answer(self, frame, waiting, mark):
+        """run asked where every rank is (``solo-ask`` changed): this rank's user frame."""
+        try:
+            st = os.stat(os.path.join(self.run_dir, "solo-ask"))
+        except OSError:
+            return
+        seen = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if seen == self.ask_seen:
+            return
+        self.ask_seen = seen
+        try:
+            with open(os.path.join(self.run_dir, "solo-ask"), "rb") as f:
+                token = f.read(64).decode("ascii", "replace").strip()
+        except OSError:
+            return
+        _write_json(self.run_dir, f"solo-where-{self.pid}.json", {
+            "pid": self.pid, "rank": self.rank(), "token": token, "where": _where(frame), "waiting": bool(waiting),
+            "what": mark[1] if mark is not None else ""})
 
 
 class _TorchLoaded:
@@ -561,7 +772,7 @@ class _TorchLoaded:
 def start(run_dir, info):
     """Start the watches in this rank (called by the injected sitecustomize); the beat function."""
     global _state
-    if not any(enabled(n) for n in ("sampler-epoch", "data-plan", "desync")):
+    if not any(enabled(n) for n in ("sampler-epoch", "data-plan", "desync", "solo-wait")):
         return None
     _state = _Rank(run_dir, info)
     if "torch" in sys.modules:

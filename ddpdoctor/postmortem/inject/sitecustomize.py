@@ -32,7 +32,9 @@ In each registered process it:
   cross-thread handoff per bucket (300-450 us of CPU per step, 5-10% of a small model's step on a
   busy machine, benchmarks/bench_straggler.py), and the program keeps ``register_comm_hook`` for
   itself, before or after its first forward. The heartbeat appends the ``start end`` pairs to
-  ``coll-<pid>.txt``. ``DDPDOCTOR_STRAGGLER=0`` turns all of it off;
+  ``coll-<pid>.txt``. ``DDPDOCTOR_STRAGGLER=0`` turns all of it off. The same wrappers mark the
+  collective the main thread is in (``_ddpdoctor_waiting``: its start and name; DDP's forward and
+  backward too) for the ``solo-wait`` watch, which keeps them on without ``DDPDOCTOR_STRAGGLER``;
 * in ranks, starts the watches for silent bugs (:mod:`_ddpdoctor_watches`, copied next to this file;
   ``DDPDOCTOR_WATCH_<NAME>=0`` turns one off), which the heartbeat thread calls every beat;
 * in a rank, starts a second daemon thread that writes the rank's PyTorch Flight Recorder dump
@@ -161,9 +163,16 @@ def _ddpdoctor_loaded(name):
     return None if mod is None or getattr(spec, "_initializing", False) else mod
 
 
+_ddpdoctor_waiting = [None]  # (monotonic start, what): the collective the main thread is in (solo-wait)
+
+
 def _ddpdoctor_time_collectives(events):
     """Wrap torch.distributed's blocking collectives and DDP's all-reduce; True once done."""
+    import threading
     import time
+
+    waiting = _ddpdoctor_waiting
+    main, ident = threading.main_thread().ident, threading.get_ident  # a collective of another thread: not marked
 
     c10d = _ddpdoctor_loaded("torch.distributed.distributed_c10d")
     package = _ddpdoctor_loaded("torch.distributed")
@@ -176,12 +185,18 @@ def _ddpdoctor_time_collectives(events):
             if kwargs.get("async_op"):
                 return real(*args, **kwargs)  # completes later, at wait(): not timed
             t0 = clock()
+            mine = ident() == main
+            if mine:
+                held, waiting[0] = waiting[0], (t0, name)
             try:
                 return real(*args, **kwargs)
             finally:
+                if mine:
+                    waiting[0] = held
                 events.append((t0, clock()))
+        name = getattr(real, "__name__", "collective")
         timed.__wrapped__ = real
-        timed.__name__ = getattr(real, "__name__", "collective")
+        timed.__name__ = name
         timed.__doc__ = getattr(real, "__doc__", None)
         timed._ddpdoctor_timed = True
         return timed
@@ -211,7 +226,13 @@ def _ddpdoctor_time_collectives(events):
         # buckets' all-reduce) when its last bucket is ready, later in this backward; callbacks run in
         # order, and one queued while they run goes last: so the second of ours runs after DDP's wait.
         t0 = clock()
-        queue(lambda: queue(lambda: events.append((t0, clock()))))
+        waiting[0] = (t0, "DDP's backward (its gradient all-reduce)")
+
+        def ended():
+            waiting[0] = None
+            events.append((t0, clock()))
+
+        queue(lambda: queue(ended))
 
     def forward(self, *args, **kwargs):
         if "_ddpdoctor_hooked" not in self.__dict__:
@@ -224,7 +245,11 @@ def _ddpdoctor_time_collectives(events):
                         params[-1].register_hook(backward_started)
             except Exception:  # noqa: BLE001 - never break the job
                 pass
-        return real_forward(self, *args, **kwargs)
+        waiting[0] = (clock(), "DDP's forward (its buffer broadcast)")  # a backward that raised left its mark
+        try:
+            return real_forward(self, *args, **kwargs)
+        finally:
+            waiting[0] = None
 
     forward._ddpdoctor_timed = True
     forward.__wrapped__ = real_forward
@@ -367,17 +392,18 @@ def _ddpdoctor_install(role):
     stop = threading.Event()
     import collections
 
-    events = collections.deque()
     timing = role in ("rank", "spawn") and os.environ.get("DDPDOCTOR_STRAGGLER", "1") != "0"
+    marking = role in ("rank", "spawn") and os.environ.get("DDPDOCTOR_WATCH_SOLO_WAIT", "1") != "0"
+    events = collections.deque(maxlen=None if timing else 0)  # without timings, only solo-wait's marks
     coll_path = os.path.join(run_dir, f"coll-{pid}.txt")
     patched = [False]
 
     def flush_timings():
-        if not timing:
+        if not (timing or marking):
             return
         if not patched[0]:
             patched[0] = _ddpdoctor_time_collectives(events)
-        if events:
+        if timing and events:
             lines = []
             while events:
                 t0, t1 = events.popleft()
