@@ -39,10 +39,14 @@ Ranks are the processes the hook registers: those with ``RANK`` (torchrun, srun,
 (``mp.spawn``), named by their process-group rank (or ``mp.spawn``'s index before
 ``init_process_group``). Progress, per rank: its main thread moved since the last look, its CPU time
 grew (it and its children: DataLoader workers; at least ``CPU_MIN_S`` and 1% of a core since the last
-credited growth, so a busy rank on a crowded machine counts and a waiting one does not), it read or
-wrote bytes (a rank reading a slow file is
-busy, not hung), or the job wrote output. The launcher and ``mp.spawn``'s parent only wait, so they are
-watched only while no rank is alive. Hung: no rank made progress for ``hang_timeout`` seconds.
+credited growth, so a busy rank on a crowded machine counts and a waiting one does not; and not while
+its main thread stays put inside a collective that the Flight Recorder shows entered and not completed,
+none completed since: NCCL's spin in a CUDA synchronisation,
+:mod:`ddpdoctor.postmortem.collective_progress`), a collective of it completed (the recorder's
+``pg_status``, which the hook writes to ``frprog-<pid>.json`` at most twice a second), it read or wrote
+bytes (a rank reading a slow file is busy, not hung; torch's own timeout dumps, ``torch-dump-rank<N>``,
+are not the job's I/O), or the job wrote output. The launcher and ``mp.spawn``'s parent only wait, so
+they are watched only while no rank is alive. Hung: no rank made progress for ``hang_timeout`` seconds.
 
 A healthy job is never signalled. Stack requests go only to live ranks whose handler is installed
 (checked in ``/proc/<pid>/status`` right before the signal); a rank that exits ignores the signal from
