@@ -159,7 +159,7 @@ def _settle(watch, pid: int, deadline: float = 30.0) -> None:
         still = still + 1 if watch.procs[pid].io == io else 0
 
 
-def _cpu_grows(pid: int, seconds: float = 0.1, deadline: float = 30.0) -> None:
+def _cpu_grows(pid: int, seconds: float = 0.05, deadline: float = 30.0) -> None:
     """Until ``pid`` used ``seconds`` more CPU (a loaded machine gives a spinning process less)."""
     import psutil
 
@@ -188,6 +188,9 @@ def test_cpu_spent_waiting_in_a_collective_is_not_progress(tmp_path):
         assert watch.sample(0.2) is True  # #7 completed: progress, even with no CPU counted
         _cpu_grows(proc.pid)
         assert watch.sample(0.2) is False  # spinning in #8 now
+        beat = run_dir / f"beat-{proc.pid}"
+        beat.write_bytes(b"%012d\n" % 2)
+        assert watch.sample(0.2) is True  # its main thread moved: its own work (saving, evaluating), not hung
         _reading(run_dir, proc.pid, _nccl(8, 8, []))
         _cpu_grows(proc.pid)
         assert watch.sample(0.2) is True  # no collective in flight: the CPU is its own work
@@ -273,7 +276,7 @@ def test_a_rank_spinning_in_a_collective_is_hung_at_the_hang_timeout(cli_env, tm
     script = tmp_path / "spin.py"
     script.write_text(SPIN_JOB)
     marker = tmp_path / "spinning"
-    hang = 4
+    hang = 3
     p = subprocess.run(CMD + ["--hang-timeout", str(hang), "--dir", str(tmp_path / "run"), "--", sys.executable,
                               str(script), str(tmp_path / "store"), str(marker)],
                        env={**cli_env, "XDG_STATE_HOME": str(tmp_path / "state")}, capture_output=True, text=True,
