@@ -131,8 +131,9 @@ def test_a_dump_left_by_an_earlier_request_is_not_read_as_this_ones(tmp_path):
         assert sorted(ended.dumps.dumps) == [0, 1] and not ended.no_dump, record
 
 
-def test_no_rank_could_dump_adds_nothing_to_the_verdict(tmp_path):
-    """A torch without the recorder: every rank's record is an error; the verdict gets no line."""
+def test_a_torch_older_than_the_oldest_read_gets_one_line(tmp_path):
+    """A torch without the recorder: every rank's record is an error; the verdict gets one line naming
+    the ranks' torch and the oldest whose recorder is read."""
     import time
 
     from ddpdoctor.postmortem.recorder import DumpRequest, RankRef, lead_lines, read_recorder
@@ -143,6 +144,18 @@ def test_no_rank_could_dump_adds_nothing_to_the_verdict(tmp_path):
             {"pid": pid, "why": "request", "token": "t1", "stage": "quick", "rank": rank,
              "error": "torch 2.4.0 has no Flight Recorder dump for this backend (_dump_fr_trace)"}))
     reading = read_recorder(str(tmp_path), [RankRef(0, 100, True), RankRef(1, 101, True)], req)
-    assert reading.dumps is None and lead_lines(reading) == []
+    assert reading.dumps is None and lead_lines(reading) == [
+        "Flight Recorder: not read: the ranks run torch 2.4.0; ddpdoctor reads the recorder of torch 2.11 and newer"]
     assert reading.unavailable.startswith("torch 2.4.0 has no Flight Recorder dump")
     assert reading.no_dump[0].startswith("could not dump: torch 2.4.0")
+    # a torch below the oldest that did dump: read as it is, its first line says so; from 2.11 on, no line
+    for version, said in (("2.10.1", True), ("2.11.0", False), ("2.13.0+cpu", False)):
+        req = DumpRequest(f"t-{version}", time.time(), 3.0)
+        run_dir = _dump_dir(tmp_path, {pid: {"rank": rank, "why": "request", "token": req.token, "stage": "full",
+                                             "file": f"flight-recorder-rank{rank}", "t": time.time(), "torch": version}
+                                       for pid, rank in ((100, 0), (101, 1))})
+        lines = lead_lines(read_recorder(run_dir, [RankRef(0, 100, True), RankRef(1, 101, True)], req))
+        older = [x for x in lines if "older than 2.11" in x]
+        assert older == ([f"Flight Recorder: the ranks run torch {version}, older than 2.11 (the oldest whose "
+                          "recorder ddpdoctor reads): what follows is read as it is, unchecked"] if said else []), lines
+        assert any(x.startswith("Flight Recorder: no divergence") for x in lines), lines

@@ -39,10 +39,14 @@ Ranks are the processes the hook registers: those with ``RANK`` (torchrun, srun,
 (``mp.spawn``), named by their process-group rank (or ``mp.spawn``'s index before
 ``init_process_group``). Progress, per rank: its main thread moved since the last look, its CPU time
 grew (it and its children: DataLoader workers; at least ``CPU_MIN_S`` and 1% of a core since the last
-credited growth, so a busy rank on a crowded machine counts and a waiting one does not), it read or
-wrote bytes (a rank reading a slow file is
-busy, not hung), or the job wrote output. The launcher and ``mp.spawn``'s parent only wait, so they are
-watched only while no rank is alive. Hung: no rank made progress for ``hang_timeout`` seconds.
+credited growth, so a busy rank on a crowded machine counts and a waiting one does not; and not while
+its main thread stays put inside a collective that the Flight Recorder shows entered and not completed,
+none completed since: NCCL's spin in a CUDA synchronisation,
+:mod:`ddpdoctor.postmortem.collective_progress`), a collective of it completed (the recorder's
+``pg_status``, which the hook writes to ``frprog-<pid>.json`` at most twice a second), it read or wrote
+bytes (a rank reading a slow file is busy, not hung; torch's own timeout dumps, ``torch-dump-rank<N>``,
+are not the job's I/O), or the job wrote output. The launcher and ``mp.spawn``'s parent only wait, so
+they are watched only while no rank is alive. Hung: no rank made progress for ``hang_timeout`` seconds.
 
 A healthy job is never signalled. Stack requests go only to live ranks whose handler is installed
 (checked in ``/proc/<pid>/status`` right before the signal); a rank that exits ignores the signal from
@@ -68,6 +72,7 @@ from dataclasses import dataclass, field
 from typing import IO, Optional
 
 from ddpdoctor.exitcodes import ExitCode
+from ddpdoctor.postmortem.collective_progress import CollectiveState, completed_since, read_reading, waiting
 from ddpdoctor.postmortem.output import OutputCopy
 from ddpdoctor.postmortem.rundir import RunDir, default_runs_root, prepare_run_dir
 from ddpdoctor.postmortem.rundir import write_private as _write_private
@@ -86,6 +91,7 @@ CPU_MIN_S = 0.03  # ... and at least this many CPU seconds: a rank waiting in a 
 #                   busy rank on a crowded machine (a fraction of a core) still adds this in well under a second
 DEATH_GRACE = 5.0  # seconds the others may sit idle after a rank died before the verdict (capped by hang_timeout)
 RAW_LOG = "output.raw.log"  # the job's bytes as written, unredacted: mode 0600
+TORCH_DUMP = "torch-dump-rank"  # where torch writes its own Flight Recorder dumps (NCCL's, on a timeout)
 
 
 @dataclass
@@ -132,10 +138,25 @@ def job_env(run_dir: str, inject_dir: str, base: dict, run_id: str = "") -> dict
     if not (env.get("TORCH_FR_BUFFER_SIZE") or env.get("TORCH_NCCL_TRACE_BUFFER_SIZE")):
         # the Flight Recorder's ring buffer (renamed TORCH_FR_* in newer torch; the old name warns there)
         env["TORCH_FR_BUFFER_SIZE" if _torch_version() >= (2, 8) else "TORCH_NCCL_TRACE_BUFFER_SIZE"] = "2000"
-    fr = os.path.join(run_dir, "flight-recorder-rank")
+    # torch's own dumps (NCCL's watchdog, on a timeout) under a name of their own: the hook's dumps
+    # (flight-recorder-rank<N>) are renamed into place on request and would replace them, and run takes
+    # the bytes of each out of the rank's I/O its own way (per thread for the hook's, by file for torch's)
+    fr = os.path.join(run_dir, TORCH_DUMP)
     env.setdefault("TORCH_FR_DUMP_TEMP_FILE", fr)
     env.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", fr)
     return env
+
+
+def _progress_period(env: dict) -> float:
+    """Seconds between two of the hook's readings of the collectives' progress (its rule:
+    ``_ddpdoctor_progress_period`` in the injected sitecustomize)."""
+    try:
+        return max(0.0, float(env["DDPDOCTOR_FR_PROGRESS_S"]))
+    except (KeyError, ValueError):
+        try:
+            return max(0.5, float(env.get("DDPDOCTOR_BEAT_S", "1.0")))
+        except ValueError:
+            return 1.0
 
 
 def _torch_version() -> tuple:
@@ -186,6 +207,9 @@ class _Proc:
     alive: bool = True
     end: Optional[dict] = None  # the hook's exit record (None: ended by a signal or os._exit)
     ended_at: float = 0.0
+    collectives: Optional[CollectiveState] = None  # the recorder's last reading (collective_progress)
+    torch_dump: tuple = ()  # (inode, mtime_ns, size) of torch's own timeout dump for this rank, when seen
+    torch_dump_bytes: int = 0  # bytes torch wrote into it so far (not progress: see _Watch.sample)
 
     @property
     def label(self) -> str:
@@ -223,10 +247,20 @@ def _raised_where(end: dict) -> str:
 
 
 class _Watch:
-    """The job's processes (found through the hook's ``proc-<pid>.json``) and their progress."""
+    """The job's processes (found through the hook's ``proc-<pid>.json``) and their progress.
 
-    def __init__(self, run_dir: str) -> None:
+    Args:
+        run_dir: the run directory.
+        torch_dump: the prefix torch writes its own timeout dumps to (``TORCH_FR_DUMP_TEMP_FILE``: with
+            ``TORCH_NCCL_DUMP_ON_TIMEOUT``, NCCL's watchdog writes ``<prefix><rank>``); "" for none.
+        progress_s: seconds between two of the hook's readings of the collectives' progress.
+    """
+
+    def __init__(self, run_dir: str, torch_dump: str = "", progress_s: float = 1.0) -> None:
         self.run_dir = run_dir
+        self.torch_dump = torch_dump
+        self.progress_s = progress_s
+        self.started = time.time()
         self.procs: dict = {}
         self.deaths: list = []  # ranks that failed, in the order seen
         self.exits: list = []  # ranks that exited normally
@@ -256,6 +290,7 @@ class _Watch:
             role = info.get("role") or ("rank" if rank is not None else "top")
             p = _Proc(pid, role, rank, index, info["beat_file"], info)
             p.cpu, p.io = _usage(p)
+            p.io -= self._torch_dump_bytes(p)
             p.cpu_at = time.monotonic()
             self.procs[pid] = p
 
@@ -284,15 +319,23 @@ class _Watch:
             except OSError:
                 beat = p.beat
             cpu, io = _usage(p)
+            io -= self._torch_dump_bytes(p)
             now = time.monotonic()
             busy = cpu - p.cpu >= max(CPU_MIN_S, CPU_BUSY * (now - p.cpu_at))
+            # The recorder: a collective completed is progress; CPU time while the main thread stays put
+            # and a collective waits to complete is not (NCCL spins in a CUDA synchronisation there).
+            collectives = read_reading(self.run_dir, p.pid, self.progress_s) if p.is_rank else None
+            completed = completed_since(p.collectives, collectives)
+            spinning = busy and beat == p.beat and waiting(p.collectives, collectives)
             # past its atexit (the exit record is written): the interpreter is tearing down, not hung
             exiting = os.path.exists(os.path.join(self.run_dir, f"exit-{p.pid}.json"))
-            if beat != p.beat or busy or io != p.io or exiting:
+            if beat != p.beat or (busy and not spinning) or completed or io != p.io or exiting:
                 moved = True
             if busy:
                 p.cpu, p.cpu_at = cpu, now
             p.beat, p.io = beat, io
+            if collectives is not None:  # a stale reading keeps the last fresh one to compare with
+                p.collectives = collectives
         for p in self.ranks():  # ranks that ended while not watched (none are, while one lives)
             if p.alive and not _running(p.pid):
                 self._ended(p)
@@ -320,6 +363,29 @@ class _Watch:
         same = [p for p in self.deaths if p.ended_at - t0 < 2 * POLL + 1.0]
         return min(same, key=lambda p: (_consequence(p), p.end is None, (p.end or {}).get("t", float("inf")),
                                         same.index(p)))
+
+
+    def _torch_dump_bytes(self, p: _Proc) -> int:
+        """Bytes torch itself wrote so far into this rank's timeout dump (``<torch_dump><rank>``, written
+        by NCCL's watchdog thread with ``TORCH_NCCL_DUMP_ON_TIMEOUT``), for :meth:`sample` to take out of
+        the rank's I/O: a dump written because the job hangs is not the job's work. Counted from the
+        file's changes since this run started: a file that grew adds what it grew by, a new or
+        rewritten one its size (a rewrite missed between two looks counts as the job's work: a hang
+        found later, never one that is not there)."""
+        if not self.torch_dump or p.rank is None:
+            return p.torch_dump_bytes
+        try:
+            st = os.stat(f"{self.torch_dump}{p.rank}")
+        except OSError:
+            return p.torch_dump_bytes
+        seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if st.st_mtime < self.started - 1.0 or seen == p.torch_dump:
+            return p.torch_dump_bytes  # an earlier run's file, or unchanged
+        old = p.torch_dump
+        grew = bool(old) and old[0] == st.st_ino and st.st_size > old[2]
+        p.torch_dump_bytes += st.st_size - old[2] if grew else st.st_size
+        p.torch_dump = seen
+        return p.torch_dump_bytes
 
 
 def _consequence(p: _Proc) -> bool:
@@ -587,7 +653,8 @@ def run_job(spec: RunSpec) -> int:
                          "check the command after --") from None
     tee.start(proc.stdout, _binary(sys.stdout))
     tee.start(proc.stderr, _binary(sys.stderr))
-    watch = _Watch(run_dir)
+    watch = _Watch(run_dir, env.get("TORCH_FR_DUMP_TEMP_FILE") or env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE") or "",
+                   _progress_period(env))
     stragglers = StragglerWatch(run_dir, spec.straggler_window, spec.straggler_windows)
     watches = Watches(run_dir, window, env)
     forwarded: list = []  # SIGINT/SIGTERM to us, in order (the first is acted on in the loop: _interrupt)

@@ -6,13 +6,18 @@ hang clock. What the injected hook does there, and how each is taken out at its 
 
 * its heartbeat thread (looks at the main thread's frames, writes ``beat-``, ``coll-``, ``proc-``
   files) and its two Flight Recorder threads (write ``flight-recorder-rank<N>`` and ``frdump-<pid>.json``
-  when ``run`` or ``stacks`` asks): those threads' own CPU time and I/O, read per thread from
+  when ``run`` or ``stacks`` asks, and ``frprog-<pid>.json``, the collectives' progress, at most twice a
+  second): those threads' own CPU time and I/O, read per thread from
   ``/proc/<pid>/task/<tid>/`` (their thread ids are in ``proc-<pid>.json`` as ``own_threads``), are
   subtracted. The dumps' bytes are taken out there, at the thread that wrote them, not again by file
   size: subtracting them twice would change the count, and any change counts as progress;
 * stack dumps (faulthandler, on whichever thread takes the signal, at a ``ddpdoctor stacks`` or
   ``run`` request): the bytes it wrote are exactly what ``stacks-<pid>.txt`` holds, subtracted.
   Its CPU time (well under a millisecond a dump) stays below what counts as busy (``CPU_MIN_S``).
+
+Not ddpdoctor's, but not the job's work either: the dump torch itself writes on a timeout
+(``TORCH_NCCL_DUMP_ON_TIMEOUT``, from NCCL's watchdog thread), taken out by ``run`` from the file's
+changes (``_Watch._torch_dump_bytes`` in :mod:`ddpdoctor.postmortem.jobrun`).
 """
 
 from __future__ import annotations

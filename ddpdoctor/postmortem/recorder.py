@@ -33,6 +33,11 @@ __all__ = ["PREFIX", "REQUEST", "DumpRequest", "RankRef", "RecorderReading", "re
 
 PREFIX = "flight-recorder-rank"
 REQUEST = "fr-request"
+OLDEST_TORCH = (2, 11)
+"""The oldest torch whose recorder ``run`` reads: checked with real dumps of torch 2.11 (gloo and NCCL,
+format 2.10) and jobs under torch 2.13 (gloo). An older torch's ranks are still asked (torch 2.8 and
+newer have ``_dump_fr_trace``, older ones ``_dump_nccl_trace`` on NCCL only); the verdict then says in
+one line that it is below this."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,7 @@ class RecorderReading:
     verdicts: list = field(default_factory=list)
     no_dump: dict = field(default_factory=dict)  # rank (or pid when unknown) -> why, in words
     unavailable: str = ""  # why no rank dumped at all (shown nowhere noisy)
+    torch: str = ""  # the ranks' torch version, when older than OLDEST_TORCH (then one line says so)
 
     def to_dict(self) -> dict:
         return {"dumped": sorted(self.dumps.dumps) if self.dumps else [],
@@ -149,6 +155,7 @@ def read_recorder(run_dir: str, ranks: Sequence[RankRef], req: Optional[DumpRequ
     for r in ranks:
         status = _status(run_dir, r.pid)
         key = r.rank if r.rank is not None else f"pid {r.pid}"
+        reading.torch = reading.torch or _older_torch(status)
         if _answered(status, req, not r.alive) and isinstance(status.get("rank"), int) and status.get("file"):
             fresh.add(status["rank"])
         elif _answered(status, req, not r.alive) and status.get("error"):
@@ -182,6 +189,21 @@ def read_recorder(run_dir: str, ranks: Sequence[RankRef], req: Optional[DumpRequ
     return reading
 
 
+def _older_torch(status: Optional[dict]) -> str:
+    """The rank's torch version (its record's ``torch``, or the one its error names) when older than
+    :data:`OLDEST_TORCH`; "" otherwise."""
+    import re
+
+    if not status:
+        return ""
+    text = str(status.get("torch") or "")
+    if not text:
+        m = re.match(r"torch (\S+) ", str(status.get("error") or ""))
+        text = m.group(1) if m else ""
+    m = re.match(r"(\d+)\.(\d+)", text)
+    return safe_text(text)[:40] if m and (int(m.group(1)), int(m.group(2))) < OLDEST_TORCH else ""
+
+
 def _group_name(v) -> str:
     if v.group == "0":
         return "the default group"
@@ -211,8 +233,10 @@ def lead_lines(reading: RecorderReading, places: Optional[dict] = None) -> list:
                                                                  for r in ranks) else None
         return text + (safe_text(f" (stack: {where})") if where else "")
 
+    oldest = f"{OLDEST_TORCH[0]}.{OLDEST_TORCH[1]}"
     if reading.dumps is None:
-        return []
+        return [f"Flight Recorder: not read: the ranks run torch {reading.torch}; ddpdoctor reads the recorder of "
+                f"torch {oldest} and newer"] if reading.torch else []
     out: list = []
     for v in reading.verdicts:
         if v.kind == "none":
@@ -251,6 +275,9 @@ def lead_lines(reading: RecorderReading, places: Optional[dict] = None) -> list:
     for key, why in sorted(reading.no_dump.items(), key=lambda kv: str(kv[0])):
         who = f"rank {key}" if isinstance(key, int) else key
         out.append(safe_text(f"  {who}: {why}"))
+    if reading.torch:
+        out.insert(0, f"Flight Recorder: the ranks run torch {reading.torch}, older than {oldest} (the oldest whose "
+                      "recorder ddpdoctor reads): what follows is read as it is, unchecked")
     return out
 
 

@@ -38,7 +38,8 @@ OWN_PATTERNS = (MARKER + ".*.tmp", "proc-*.json", "beat-*", "coll-*.txt", "stack
                 "output.raw.log", "stacks.txt", "verdict.txt", "verdict.json", "flight-recorder-rank*",
                 "finding-*.json", ".finding-*", "desync-*", ".desync-*", "plan-*.json", ".plan-*",
                 ".flight-recorder-rank*", "frdump-*.json", ".frdump-*", "fr-request", ".fr-request.*",
-                "solo-*", ".solo-*", "count-*.json", ".count-*")
+                "solo-*", ".solo-*", "count-*.json", ".count-*",
+                "frprog-*.json", ".frprog-*", "torch-dump-rank*")
 # what .inject/ holds from ddpdoctor/postmortem/inject/ (inject_files() adds the library's fingerprint)
 HOOK_FILES = ("sitecustomize.py", "_ddpdoctor_recorder.py", "_ddpdoctor_watches.py")
 FIXED_NAMES = (INJECT, "output.raw.log", "stacks.txt", "verdict.txt", "verdict.json")  # what every run may write

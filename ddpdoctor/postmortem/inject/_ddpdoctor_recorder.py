@@ -1,6 +1,8 @@
-"""Loaded by ddpdoctor's injected hook (``sitecustomize.py`` beside it) only when a Flight Recorder dump
-is wanted: on a request from ``ddpdoctor run`` or ``ddpdoctor stacks`` (the file ``fr-request`` in the
-run directory changed), or when the rank fails (an uncaught exception, a non-zero exit).
+"""Loaded by ddpdoctor's injected hook (``sitecustomize.py`` beside it) once torch.distributed is imported:
+for a Flight Recorder dump on a request from ``ddpdoctor run`` or ``ddpdoctor stacks`` (the file
+``fr-request`` in the run directory changed), or when the rank fails (an uncaught exception, a non-zero
+exit); and for the collectives' progress (:func:`progress`, ``frprog-<pid>.json``) that ``run``'s hang
+detector reads.
 
 It writes this rank's Flight Recorder dump (``torch._C._distributed_c10d._dump_fr_trace``: every recorded
 collective with the Python stack that issued it) to ``$DDPDOCTOR_RUN_DIR/flight-recorder-rank<N>``,
@@ -30,13 +32,56 @@ def _trace(stacks):
         raise _Unavailable("torch.distributed is not imported")
     if not (dist.is_available() and dist.is_initialized()):
         raise _Unavailable("no process group (init_process_group not called, or destroyed)")
-    c10d = sys.modules.get("torch._C._distributed_c10d")
-    dump = getattr(c10d, "_dump_fr_trace", None)
-    if dump is None:
-        version = getattr(sys.modules.get("torch"), "__version__", "?")
-        raise _Unavailable(f"torch {version} has no Flight Recorder dump for this backend (_dump_fr_trace)")
     rank = int(dist.get_rank())
-    return rank, dump(True, bool(stacks), False)
+    return rank, _dumper(dist)(True, bool(stacks), False)
+
+
+def _backend(dist):
+    """The default process group's backend (``gloo``, ``nccl``, ``cpu:gloo,cuda:nccl``...), "" unknown."""
+    try:
+        return str(dist.get_backend())
+    except Exception:  # noqa: BLE001 - a group being torn down
+        return ""
+
+
+def _dumper(dist):
+    """torch's dump function for this job's recorder: ``_dump_nccl_trace`` where the group runs NCCL and
+    torch has it (NCCL's recorder was a singleton of its own before torch routed every backend through
+    the generic one), else ``_dump_fr_trace`` (gloo, and every backend in newer torch)."""
+    c10d = sys.modules.get("torch._C._distributed_c10d")
+    names = ("_dump_nccl_trace", "_dump_fr_trace") if "nccl" in _backend(dist) else ("_dump_fr_trace",)
+    for name in names:
+        dump = getattr(c10d, name, None)
+        if dump is not None:
+            return dump
+    version = getattr(sys.modules.get("torch"), "__version__", "?")
+    raise _Unavailable(f"torch {version} has no Flight Recorder dump for this backend ({', '.join(names)})")
+
+
+def progress(run_dir):
+    """Write this rank's collective progress to ``frprog-<pid>.json``: the backend, the recorder's
+    ``pg_status`` and, except on gloo (whose entries stay ``scheduled`` after they complete), its active
+    entries without stacks (``onlyActive``: those not seen complete), reduced to the keys
+    ``ddpdoctor.postmortem.collective_progress`` reads. Microseconds (3 us on gloo, torch 2.13). Called by
+    the hook's recorder thread at a bounded rate; returns False (writes nothing) without a process group
+    or a recorder, never raises."""
+    try:
+        dist = sys.modules.get("torch.distributed")
+        if dist is None or not (dist.is_available() and dist.is_initialized()):
+            return False
+        import pickle
+
+        backend = _backend(dist)
+        gloo = backend == "gloo"
+        doc = pickle.loads(_dumper(dist)(not gloo, False, True))  # torch's own bytes, from this process
+        keep = ("pg_id", "collective_seq_id", "state", "retired", "is_p2p")
+        entries = [{k: e.get(k) for k in keep} for e in doc.get("entries") or [] if isinstance(e, dict)]
+        reading = {"backend": "nccl" if "nccl" in backend else backend, "t": time.time(),
+                   "pg_status": doc.get("pg_status") or {}, "entries": entries}
+        _write(os.path.join(run_dir, f"frprog-{os.getpid()}.json"), json.dumps(reading), "w")
+        return True
+    except Exception:  # noqa: BLE001 - never break the job: run then counts CPU time as before
+        return False
 
 
 def _write(path, data, mode="wb"):
@@ -64,7 +109,8 @@ def dump(run_dir, why, token="", stages=("quick", "full")):
     record = {}
     for stage in stages:
         started = time.monotonic()
-        record = {"pid": pid, "why": why, "token": token, "stage": stage, "t": time.time()}
+        record = {"pid": pid, "why": why, "token": token, "stage": stage, "t": time.time(),
+                  "torch": str(getattr(sys.modules.get("torch"), "__version__", ""))}
         try:
             rank, data = _trace(stage == "full")
             record["rank"] = rank

@@ -41,8 +41,10 @@ In each registered process it:
   (``flight-recorder-rank<N>``, and ``frdump-<pid>.json`` saying what it answered) when ``fr-request``
   in the run directory changes (``run`` on a hang, a death or Ctrl-C; ``stacks``): a thread, because a
   Python signal handler does not run while the main thread is blocked in a C++ collective. A rank that
-  raises or exits non-zero writes its dump (without stacks) from the exception and exit handlers. The code that dumps
-  lives in ``_ddpdoctor_recorder.py`` beside this file, loaded only when a dump is wanted;
+  raises or exits non-zero writes its dump (without stacks) from the exception and exit handlers. Once
+  torch.distributed is imported, the same thread writes the collectives' progress (``frprog-<pid>.json``,
+  at most twice a second) for ``run``'s hang detector. The code that dumps lives in
+  ``_ddpdoctor_recorder.py`` beside this file, loaded only once torch.distributed is imported;
 * writes ``proc-<pid>.json`` (pid, role, rank, argv, ...) so the supervisor finds it, and
   ``exit-<pid>.json`` when it ends through Python (an uncaught exception with its frames, ``sys.exit``'s
   or ``os._exit``'s code, or a normal end): a rank with no exit record was ended by a signal. The
@@ -298,13 +300,17 @@ def _ddpdoctor_dump_recorder(run_dir, why, token="", stages=("quick", "full")):
         pass
 
 
-def _ddpdoctor_recorder_thread(run_dir, signum, interval):
+def _ddpdoctor_recorder_thread(run_dir, signum, interval, progress_s=0.0):
     """Two daemon threads that dump the Flight Recorder when ``run`` or ``stacks`` asks (``fr-request``
     changed): threads, because a Python signal handler does not run while the main thread is blocked in
     a C++ collective; not the heartbeat's, so a slow dump never stops the beat. The first writes the
     quick dump (no stacks) at once and hands the request to the second, which writes the dump with
     stacks (seconds: see ``_ddpdoctor_recorder.py``; only the latest request waiting). Idle, the first
-    looks at one file's status every ``interval`` seconds; the second sleeps on an event."""
+    looks at one file's status every ``interval`` seconds; the second sleeps on an event. Every
+    ``progress_s`` seconds (0: never) once torch.distributed is imported, the first also writes the
+    collectives' progress (``frprog-<pid>.json``: ``pg_status`` and the active entries, microseconds),
+    which ``run`` reads so that a rank spinning in a CUDA synchronisation inside a collective does not
+    count as busy."""
     import signal
     import threading
     import time
@@ -326,8 +332,17 @@ def _ddpdoctor_recorder_thread(run_dir, signum, interval):
         except (AttributeError, OSError, ValueError):
             pass
         last = seen()
+        read_at = 0.0
         while True:
             time.sleep(interval)
+            if progress_s > 0 and time.monotonic() - read_at >= progress_s and "torch.distributed" in sys.modules:
+                read_at = time.monotonic()  # the collectives' progress for run's hang detector, out of band
+                try:
+                    mod = _ddpdoctor_recorder()
+                    if mod is not None:
+                        mod.progress(run_dir)
+                except Exception:  # noqa: BLE001 - never break the job
+                    pass
             now = seen()
             if now is None or now == last:
                 continue
@@ -357,6 +372,15 @@ def _ddpdoctor_recorder_thread(run_dir, signum, interval):
     for thread in threads:
         thread.start()
     return threads
+
+
+def _ddpdoctor_progress_period(beat):
+    """Seconds between two readings of the collectives' progress: ``DDPDOCTOR_FR_PROGRESS_S`` (0 turns
+    them off), else the beat's, but at most twice a second."""
+    try:
+        return max(0.0, float(os.environ["DDPDOCTOR_FR_PROGRESS_S"]))
+    except (KeyError, ValueError):
+        return max(0.5, beat)
 
 
 def _ddpdoctor_install(role):
@@ -463,7 +487,8 @@ def _ddpdoctor_install(role):
     if role in ("rank", "spawn"):  # the Flight Recorder's dumps on request: ddpdoctor's work too
         try:
             info["own_threads"] += [getattr(t, "native_id", None)
-                                    for t in _ddpdoctor_recorder_thread(run_dir, signum, min(interval, 0.25))]
+                                    for t in _ddpdoctor_recorder_thread(run_dir, signum, min(interval, 0.25),
+                                                                        _ddpdoctor_progress_period(interval))]
         except Exception:  # noqa: BLE001 - no recorder thread: run names the rank as not answering
             pass
 
