@@ -18,6 +18,8 @@ a rank that is late or gone only makes a window be skipped.
   multiple of it (``desync-<pid>-window-<step>.json``). Also at the first step (``start``) and at the end
   (``final``). The records of one step from every rank are compared here; the first difference is
   the finding, with the tensors, the ranks, when it was first seen and the likely reason.
+* ``bn-drift``: BatchNorm running statistics compared where the ranks' drift survives
+  (:mod:`ddpdoctor.postmortem.bndrift`), at the same step counts as ``desync``'s.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ddpdoctor.postmortem.bndrift import BnDrift
 from ddpdoctor.system.stackframes import shown_where
 
 __all__ = ["WATCHES", "Watches", "Finding", "parse_no_watch", "watch_env", "window_from_env"]
@@ -139,6 +142,7 @@ class Watches:
         self.start_diff: set = set()
         self.desync_found = False
         self.plans: dict = {}  # loop line -> {pid: the latest plan record}
+        self.bn = BnDrift(run_dir, window)
 
     # --- the loop ------------------------------------------------------------------------------
 
@@ -147,7 +151,7 @@ class Watches:
         if not self._active:
             return []
         self._read(procs, now, end=False)
-        if self.on["desync"]:
+        if self.on["desync"] or self.on["bn-drift"]:
             self._window(now, [p for p in procs if p.alive])
         return self._due(now, [p for p in procs if p.alive])
 
@@ -161,7 +165,7 @@ class Watches:
 
     @property
     def _active(self) -> bool:
-        return self.on["sampler-epoch"] or self.on["desync"] or self.on["data-plan"]
+        return self.on["sampler-epoch"] or self.on["desync"] or self.on["data-plan"] or self.on["bn-drift"]
 
     def _read(self, procs: list, now: float, end: bool) -> None:
         """The ranks' findings, plans and fingerprint records; compare the complete fingerprint sets."""
@@ -172,6 +176,8 @@ class Watches:
         if self.on["desync"]:
             self._read_records(ranks, now)
             self._compare_complete(ranks, now, end=end)
+        if self.on["bn-drift"]:
+            self.bn.read(ranks, now, end, self._rank_of, self._add)
 
     # --- data-plan -------------------------------------------------------------------------------
 
