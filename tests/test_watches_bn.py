@@ -2,7 +2,7 @@
 
 Real gloo jobs run unchanged under ``run``: one torchrun job of 3 ranks with three planted bugs in three
 models (DDP with ``broadcast_buffers=False``; a model never wrapped in DDP; default DDP evaluated through
-``model.module``) and a clean model beside them, then its clean twin alone (mp.spawn, 2 ranks: default
+``model.module``) and a clean model beside them, then its clean twin alone (torchrun, 2 ranks: default
 DDP with BatchNorm trained and evaluated through the wrapper, whose ranks differ by one update after every
 step: not a bug). Each rank's data is shifted by its rank.
 """
@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from jobscripts import free_port, mark_line, write_script
+from jobscripts import mark_line, write_script
 from test_watches import _env, ddprun, found, summary, torchrun, verdict
 from watchjobs import BATCHNORM
 
@@ -74,11 +74,11 @@ def test_batchnorm_drift_is_named_per_cause_with_ranks_line_size_and_fixes(cli_e
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_default_ddp_with_batchnorm_trained_and_evaluated_through_the_wrapper_is_silent(cli_env, tmp_path):
-    """mp.spawn, 2 ranks: the ranks' statistics differ by one update after every step (rank-dependent data),
+    """torchrun, 2 ranks: the ranks' statistics differ by one update after every step (rank-dependent data),
     and the next forward through DDP, training or evaluation, makes them equal again: nothing to name."""
     script = write_script(tmp_path, "bn.py", BATCHNORM)
     p, run_dir = ddprun(tmp_path, _env(cli_env, tmp_path),
-                        [sys.executable, script, "clean", "20", str(free_port()), "2"], extra=("--keep",))
+                        torchrun(script, "clean", "20"), extra=("--keep",))
     assert p.returncode == 0, p.stderr[-3000:]
     assert "[bn-drift]" not in p.stderr and "silent bug" not in p.stderr, p.stderr[-3000:]
     assert "no hang, no rank died; kept " in summary(p.stderr)

@@ -597,10 +597,14 @@ class _BnDrift:
         ddp_cls = sys.modules["torch.nn.parallel.distributed"].DistributedDataParallel
         real_bn, real_ddp = bn_cls.forward, ddp_cls.forward
         drift = self
+        # under torch.compile's tracing this is constant True: the traced graph holds none of the watch
+        compiling = getattr(getattr(sys.modules["torch"], "compiler", None), "is_compiling", None) or (lambda: False)
         if not getattr(real_bn, "_ddpdoctor_watch", False):
             def forward(bn, *args, **kwargs):
                 try:
-                    if drift.covered:
+                    if compiling():
+                        pass
+                    elif drift.covered:
                         if id(bn) not in drift.info:
                             drift.trained(bn, False)
                     else:
@@ -703,6 +707,8 @@ class _BnDrift:
 
     def snapshot(self, kind, layers, frame, eval_where):
         """Write the layers' running statistics, with why each can drift and the user's line."""
+        if os.getpid() != self.rank.pid:
+            return  # a forked child (a DataLoader worker): not a rank
         if frame is not None:
             self._names(frame)
         ddps = self.rank.ddps
