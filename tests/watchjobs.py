@@ -315,7 +315,8 @@ dist.destroy_process_group()
 
 # BatchNorm statistics, `bn.py <models> <steps> [<port> <nprocs>]` (torchrun or mp.spawn), <models> a comma list
 # of: `syncoff` (DDP with broadcast_buffers=False), `noddp` (never wrapped), `moduleeval` (default DDP,
-# evaluated through model.module), `clean` (default DDP, trained and evaluated through the wrapper). Every
+# evaluated through model.module), `clean` (default DDP, trained and evaluated through the wrapper), `fixed`
+# (broadcast_buffers=False with the fix: ddpdoctor.sync_bn_stats before every evaluation and at the end). Every
 # model is a Linear-BatchNorm-ReLU-Linear net from the same seed; each rank's data is shifted by its rank.
 # Every 10 steps each model is evaluated on every rank; each step all-reduces a loss for logging.
 BATCHNORM = r'''
@@ -324,6 +325,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+import ddpdoctor
 
 
 def net():
@@ -345,7 +348,8 @@ def worker(rank, which, steps):
     noddp = net() if "noddp" in which else None
     moduleeval = DDP(net()) if "moduleeval" in which else None
     clean = DDP(net()) if "clean" in which else None
-    models = [m for m in (syncoff, noddp, moduleeval, clean) if m is not None]
+    fixed = DDP(net(), broadcast_buffers=False) if "fixed" in which else None
+    models = [m for m in (syncoff, noddp, moduleeval, clean, fixed) if m is not None]
     opts = [torch.optim.SGD(m.parameters(), lr=0.01) for m in models]
     data = torch.Generator().manual_seed(100 + rank)
     for i in range(steps):
@@ -354,6 +358,8 @@ def worker(rank, which, steps):
         dist.all_reduce(logged)
         time.sleep(0.02)
         if i % 10 == 9:
+            if fixed is not None:
+                ddpdoctor.sync_bn_stats(fixed)
             with torch.no_grad():
                 xe = torch.randn(8, 6, generator=data)
                 for m in models:
@@ -362,6 +368,8 @@ def worker(rank, which, steps):
                         moduleeval.module(xe)  # MARK:bn_module_eval
                     else:
                         m(xe)  # MARK:bn_eval
+    if fixed is not None:
+        ddpdoctor.sync_bn_stats(fixed)  # before the checkpoint a real job would save here
     print(f"rank {rank} trained {len(models)} models", flush=True)
     dist.destroy_process_group()
 

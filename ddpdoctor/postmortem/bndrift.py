@@ -1,11 +1,12 @@
 """``bn-drift`` on run's side: BatchNorm running statistics that differ across ranks where it matters.
 
 Each rank's hook (:class:`_ddpdoctor_watches._BnDrift`) writes the running statistics of the layers whose
-drift survives (``bn-<pid>-<kind>-<step>-<owner>.json``): trained with the DDP buffer broadcast off or
-with no DDP at all (``window``: the same optimizer step counts on every rank; ``final``: at the end), or
-evaluated outside a forward through the DDP model (``eval``: through ``model.module``). Once every
-rank's record of one moment is in, the layers are compared here; a layer whose ranks differ by more
-than :data:`THRESHOLD` is a finding, named once per reason and line, with the size of the drift.
+drift survives (``bn-<pid>-<kind>-<step>-<owner>.json``): evaluated outside a forward through a DDP model
+that broadcasts its buffers (``eval``: through ``model.module``, with the broadcast off, or with no DDP;
+named by the optimizer step count, the same on every rank), and at the end (``final``) the layers trained
+outside such a forward. Once every rank's record of one moment is in, the layers are compared here; a
+layer whose ranks differ by more than :data:`THRESHOLD` is a finding, named once per reason and line,
+with the size of the drift. A moment only some ranks recorded (rank 0 evaluating alone) is skipped.
 
 The size of a layer's drift is the largest change it makes to the layer's output at evaluation: over the
 channels and the ranks against the lowest, ``|mean_a - mean_b| / sqrt(max(var_a, var_b) + eps)`` (a shift

@@ -18,8 +18,8 @@ a rank that is late or gone only makes a window be skipped.
   multiple of it (``desync-<pid>-window-<step>.json``). Also at the first step (``start``) and at the end
   (``final``). The records of one step from every rank are compared here; the first difference is
   the finding, with the tensors, the ranks, when it was first seen and the likely reason.
-* ``bn-drift``: BatchNorm running statistics compared where the ranks' drift survives
-  (:mod:`ddpdoctor.postmortem.bndrift`), at the same step counts as ``desync``'s.
+* ``bn-drift``: BatchNorm running statistics compared where the ranks' drift survives, at evaluation
+  and at the end (:mod:`ddpdoctor.postmortem.bndrift`).
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ class Watches:
         if not self._active:
             return []
         self._read(procs, now, end=False)
-        if self.on["desync"] or self.on["bn-drift"]:
+        if self.on["desync"]:
             self._window(now, [p for p in procs if p.alive])
         return self._due(now, [p for p in procs if p.alive])
 

@@ -335,8 +335,6 @@ class _Rank:
             if self.desync_on and (self.steps == 1 or (self.period and self.steps % self.period == 0)
                                    or id(optimizer) not in self.seen_optimizers):
                 self._desync_step(optimizer)
-            if self.bn is not None and self.period and self.steps % self.period == 0:
-                self.bn.window(sys._getframe(1))
         except Exception:  # noqa: BLE001 - never break the job
             pass
 
@@ -514,7 +512,7 @@ class _Rank:
         """Called by the heartbeat thread every beat: install late, publish the step count, read the period."""
         if not self.installed and not self.install():
             return
-        if not self.desync_on and self.bn is None:
+        if not self.desync_on:
             return
         steps = self.steps
         if steps != self.steps_written:
@@ -568,17 +566,20 @@ class _BnDrift:
 
     DDP broadcasts rank 0's buffers at the start of every forward through the DDP model (its buffer
     sync on), so the ranks' statistics then differ by one update at most and are equal again at the next
-    forward through the wrapper: never recorded. What is recorded, as ``bn-<pid>-<kind>-<step>.json``
+    forward through the wrapper: never recorded. Statistics matter where they are used, at evaluation
+    and in checkpoints, so that is where they are recorded, as ``bn-<pid>-<kind>-<step>-<owner>.json``
     (each layer's ``running_mean``, ``running_var``, ``eps``, why it can drift and the user's line):
 
-    * ``window``: at the start of every step whose count is a multiple of desync's period (the same
-      multiples on every rank) and at the end (``final``), the layers trained outside a forward that
-      broadcasts buffers: a DDP model with ``broadcast_buffers=False`` (``forward_sync_buffers`` off),
-      no DDP at all, or a training forward through ``model.module``;
-    * ``eval``: the first evaluation forward after each optimizer step count of a layer outside a
+    * ``eval``: at the first evaluation forward, after each optimizer step count, of a layer outside a
       buffer-broadcasting DDP forward (evaluation through ``model.module``, of a model never wrapped, or
       of one whose buffer sync is off): the statistics that evaluation uses, of every trained layer of
-      the same model, with the evaluation's line.
+      the same model, with the evaluation's line (the same step count on every rank names the moment);
+    * ``final``: at the end (``destroy_process_group``, the first optimizer freed, the exit), what a
+      checkpoint would save of the layers trained outside a forward that broadcasts buffers: a DDP
+      model with ``broadcast_buffers=False`` (``forward_sync_buffers`` off), no DDP at all, or a
+      training forward through ``model.module``.
+
+    Statistics made equal before evaluation and at the end (``ddpdoctor.sync_bn_stats``) are silent.
 
     Costs one Python call per BatchNorm forward and one per DDP forward; the statistics are read only
     at those moments.
@@ -669,12 +670,6 @@ class _BnDrift:
         self.eval_steps[info.owner] = self.rank.steps
         frame = sys._getframe(2)
         self.snapshot("eval", [i for i in self.order if i.owner == info.owner], frame, _call_site(frame))
-
-    def window(self, frame):
-        """At a step whose count is a multiple of the period: the layers that drift."""
-        layers = [i for i in self.order if i.drifts]
-        if layers:
-            self.snapshot("window", layers, frame, "")
 
     def final(self):
         if self.final_done or self.rank.steps == 0 or os.getpid() != self.rank.pid:
