@@ -92,27 +92,42 @@ RANK_SIDE = r"""
 import json, os, sys
 sys.path.insert(0, sys.argv[2])  # the injected folder, as run puts it on PYTHONPATH
 import _ddpdoctor_watches
-_ddpdoctor_watches.start(sys.argv[1], {"rank": 0})
+off, on = sys.argv[1] + "/off", sys.argv[1] + "/on"
+os.environ["DDPDOCTOR_WATCH_BN_DRIFT"] = "0"  # what --no-watch bn-drift sets in the job's environment
+_ddpdoctor_watches.start(off, {"rank": 0})  # before torch: installed when `import torch` ends
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
-bn = torch.nn.BatchNorm1d(4)
-opt = torch.optim.SGD(bn.parameters(), lr=0.1)
-for _ in range(3):
-    opt.zero_grad()
-    bn(torch.randn(8, 4)).sum().backward()
-    opt.step()
-bn.eval()
-bn(torch.randn(8, 4))  # an evaluation of a model never wrapped: recorded when the watch is on
-print(json.dumps({"patched": getattr(_BatchNorm.forward, "_ddpdoctor_watch", False),
-                  "records": sorted(n.split("-")[2] for n in os.listdir(sys.argv[1]) if n.startswith("bn-"))}))
+
+
+def job():
+    bn = torch.nn.BatchNorm1d(4)
+    opt = torch.optim.SGD(bn.parameters(), lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        bn(torch.randn(8, 4)).sum().backward()
+        opt.step()
+    bn.eval()
+    bn(torch.randn(8, 4))  # an evaluation of a model never wrapped: recorded when the watch is on
+
+
+def records(folder):
+    return sorted(n.split("-")[2] for n in os.listdir(folder) if n.startswith("bn-"))
+
+
+job()
+seen = {"off": [getattr(_BatchNorm.forward, "_ddpdoctor_watch", False), records(off)]}
+os.environ["DDPDOCTOR_WATCH_BN_DRIFT"] = "1"  # the positive control, in the same process: the watch on
+assert _ddpdoctor_watches._Rank(on, {"rank": 0}).install()
+job()
+seen["on"] = [getattr(_BatchNorm.forward, "_ddpdoctor_watch", False), records(on)]
+print(json.dumps(seen))
 """
 
 
-@pytest.mark.parametrize("env, patched, records", [({}, True, ["eval"]),
-                                                   ({"DDPDOCTOR_WATCH_BN_DRIFT": "0"}, False, [])])
-def test_bn_drift_is_switched_off_by_its_variable_in_the_rank(tmp_path, env, patched, records):
+def test_bn_drift_is_switched_off_by_its_variable_in_the_rank(tmp_path):
     """The rank side alone, in a real process: DDPDOCTOR_WATCH_BN_DRIFT=0 (what --no-watch bn-drift sets)
-    leaves torch's BatchNorm untouched and records nothing."""
+    leaves torch's BatchNorm untouched and records nothing; the same job with the watch on records the
+    evaluation of a model never wrapped in DDP."""
     import ddpdoctor.postmortem.rundir as rundir
 
     inject = tmp_path / "inject"
@@ -120,12 +135,12 @@ def test_bn_drift_is_switched_off_by_its_variable_in_the_rank(tmp_path, env, pat
     for source, name in rundir.inject_files():
         if name != "sitecustomize.py":
             os.symlink(source, inject / name)
-    out = tmp_path / "out"
-    out.mkdir()
+    (tmp_path / "off").mkdir()
+    (tmp_path / "on").mkdir()
     script = tmp_path / "rank_side.py"
     script.write_text(RANK_SIDE)
     clean = {k: v for k, v in os.environ.items() if not k.startswith("DDPDOCTOR_")}
-    p = subprocess.run([sys.executable, str(script), str(out), str(inject)], capture_output=True, text=True,
-                       timeout=100, env={**clean, **env})
+    p = subprocess.run([sys.executable, str(script), str(tmp_path), str(inject)], capture_output=True, text=True,
+                       timeout=100, env=clean)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert json.loads(p.stdout.splitlines()[-1]) == {"patched": patched, "records": records}
+    assert json.loads(p.stdout.splitlines()[-1]) == {"off": [False, []], "on": [True, ["eval"]]}
