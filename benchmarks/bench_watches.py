@@ -11,7 +11,12 @@ off / on / off again (the second "off" is the noise floor), on two loops:
   defined here: torchvision is not a dependency) at batch 32 on 32x32 images, over a DataLoader.
 
 "on" is the rank-side watches as ``run`` injects them (:mod:`ddpdoctor.postmortem.inject._ddpdoctor_watches`):
-the DataLoader and ``set_epoch`` wrappers and the optimizer step pre-hook; "off" restores torch's own.
+the DataLoader and ``set_epoch`` wrappers, the optimizer step pre-hook, and bn-drift's wrappers of
+BatchNorm's and DDP's ``forward``; "off" restores torch's own. bn-drift's wrappers are also timed
+directly (per call, against torch's own forward on the same input, the minimum of repeated runs), and
+its record of the running statistics is timed on each model: once per evaluation pass that bypasses a
+broadcasting DDP forward (and once at the end), never in default DDP's training or evaluation through
+the wrapper, so it is reported per evaluation, not per step.
 The desync fingerprint runs once per window (60 s by default), not per step: its time is measured
 here on each model and spread over the steps of one window; so is the heartbeat thread's share (one
 ``beat()`` a second). A world of one rank (gloo, a file store in a temporary folder) so DDP is real.
@@ -115,25 +120,69 @@ class Switch:
 
     def __init__(self, watches, run_dir):
         import torch.optim.optimizer as optim
+        from torch.nn.modules.batchnorm import _BatchNorm
+        from torch.nn.parallel import DistributedDataParallel
         from torch.utils.data import DataLoader
         from torch.utils.data.distributed import DistributedSampler
 
-        self.off = (DataLoader.__iter__, DistributedSampler.set_epoch)
+        self.off = (DataLoader.__iter__, DistributedSampler.set_epoch, _BatchNorm.forward,
+                    DistributedDataParallel.forward)
         self.state = watches._Rank(run_dir, {"rank": 0})
-        assert self.state.install()
-        self.on = (DataLoader.__iter__, DistributedSampler.set_epoch)
+        assert self.state.install() and self.state.bn is not None
+        self.on = (DataLoader.__iter__, DistributedSampler.set_epoch, _BatchNorm.forward,
+                   DistributedDataParallel.forward)
         self.hooks = optim._global_optimizer_pre_hooks
         self.hook_items = dict(self.hooks)
         assert self.on != self.off and self.hook_items
 
     def set(self, on):
+        from torch.nn.modules.batchnorm import _BatchNorm
+        from torch.nn.parallel import DistributedDataParallel
         from torch.utils.data import DataLoader
         from torch.utils.data.distributed import DistributedSampler
 
-        DataLoader.__iter__, DistributedSampler.set_epoch = self.on if on else self.off
+        (DataLoader.__iter__, DistributedSampler.set_epoch, _BatchNorm.forward,
+         DistributedDataParallel.forward) = self.on if on else self.off
         self.hooks.clear()
         if on:
             self.hooks.update(self.hook_items)
+
+
+def bn_costs(model, switch):
+    """bn-drift's wrappers, per call: BatchNorm's forward (as in a training forward through a DDP model
+    that broadcasts its buffers: the layer known, nothing recorded) and DDP's, each against torch's own
+    on the same input (the minimum of repeated runs); the model's BatchNorm layers."""
+    import torch
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    drift = switch.state.bn
+    layers = [m for m in model.module.modules() if isinstance(m, _BatchNorm)]
+    probe = torch.nn.BatchNorm1d(16)
+    x = torch.randn(4, 16)
+    times = {}
+    drift.covered += 1
+    try:
+        for on in (False, True) * 4:
+            switch.set(on)
+            t0 = time.process_time()
+            for _ in range(2000):
+                probe(x)
+            times.setdefault(("bn", on), []).append((time.process_time() - t0) / 2000)
+    finally:
+        drift.covered -= 1
+    tiny = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+    y = torch.randn(2, 4)
+    with torch.no_grad():
+        for on in (False, True) * 4:
+            switch.set(on)
+            t0 = time.process_time()
+            for _ in range(500):
+                tiny(y)
+            times.setdefault(("ddp", on), []).append((time.process_time() - t0) / 500)
+    switch.set(True)
+    bn_call = max(0.0, min(times[("bn", True)]) - min(times[("bn", False)]))
+    ddp_call = max(0.0, min(times[("ddp", True)]) - min(times[("ddp", False)]))
+    return bn_call, ddp_call, layers
 
 
 def measure(loop, blocks, block, switch):
@@ -180,7 +229,14 @@ def measure(loop, blocks, block, switch):
         per_pass.setdefault(on, []).append((time.process_time() - p0) / 100)
     switch.set(True)
     pass_cost = max(0.0, min(per_pass[True]) - min(per_pass[False]))
-    direct = hook + pass_cost / len(loader)
+    bn_call, ddp_call, layers = bn_costs(model, switch)
+    bn_step = bn_call * len(layers) + ddp_call  # one forward per step: each BatchNorm layer once, DDP once
+    direct = hook + pass_cost / len(loader) + bn_step
+    drift = switch.state.bn
+    s0 = time.process_time()
+    for _ in range(3):  # every layer, as at an evaluation through model.module
+        drift.snapshot("eval", [drift.info[id(bn)] for bn in layers], frame, "")
+    snap = (time.process_time() - s0) / 3
     paired = [(on - (off + again) / 2) / ((off + again) / 2)
               for off, on, again in zip(cpu["off"], cpu["on"], cpu["off again"])]
     params = sum(p.numel() for p in model.parameters())
@@ -196,12 +252,17 @@ def measure(loop, blocks, block, switch):
           f"(on against its two off neighbours): median {statistics.median(paired) * 100:+.2f}% (noise floor, off "
           f"again vs off: {(floor - step_off) / step_off * 100:+.2f}%)")
     print(f"  the watches' own work per step, timed directly: step hook {hook * 1e6:.2f} us + the pass's wrapped "
-          f"set_epoch and iter() {pass_cost * 1e6:.1f} us over {len(loader)} steps = {direct * 1e6:.2f} us "
+          f"set_epoch and iter() {pass_cost * 1e6:.1f} us over {len(loader)} steps + bn-drift's forward "
+          f"wrappers {bn_call * 1e6:.2f} us x {len(layers)} BatchNorm layer(s) + {ddp_call * 1e6:.2f} us (DDP) "
+          f"= {direct * 1e6:.2f} us "
           f"= {direct / step_off * 100:.3f}% of the step")
     print(f"  fingerprint once per window: {fp * 1e3:.2f} ms ({params * 4 / 1e6:.1f} MB; one read of the bytes, "
           f"a sum per tensor: {read * 1e3:.2f} ms, x{fp / max(read, 1e-9):.1f}); heartbeat beat(): "
           f"{beat * 1e6:.1f} us a second; spread over a 60 s window: {amortized * 1e6:.2f} us per step "
           f"= {amortized / step_off * 100:.4f}% of the step")
+    print(f"  bn-drift's record of {len(layers)} BatchNorm layer(s), once per evaluation that bypasses a "
+          f"broadcasting DDP forward (and at the end; never for default DDP through the wrapper): "
+          f"{snap * 1e3:.2f} ms = {snap / step_off * 100:.2f}% of one step")
     return statistics.median(paired), (direct + amortized) / step_off
 
 

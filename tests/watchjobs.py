@@ -312,3 +312,81 @@ for epoch in range(2):
         step(x, y)
 dist.destroy_process_group()
 '''
+
+# BatchNorm statistics, `bn.py <models> <steps> [<port> <nprocs>]` (torchrun or mp.spawn), <models> a comma list
+# of: `syncoff` (DDP with broadcast_buffers=False), `noddp` (never wrapped), `moduleeval` (default DDP,
+# evaluated through model.module), `clean` (default DDP, trained and evaluated through the wrapper), `fixed`
+# (broadcast_buffers=False with the fix: ddpdoctor.sync_bn_stats before every evaluation and at the end). Every
+# model is a Linear-BatchNorm-ReLU-Linear net from the same seed; each rank's data is shifted by its rank.
+# Every 10 steps each model is evaluated on every rank; each step all-reduces a loss for logging.
+BATCHNORM = r'''
+import os, sys, time
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import ddpdoctor
+
+
+def net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 1))
+
+
+def train(model, opt, x):
+    model.train()
+    opt.zero_grad()
+    loss = model(x).square().mean()  # MARK:bn_train
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+def worker(rank, which, steps):
+    syncoff = DDP(net(), broadcast_buffers=False) if "syncoff" in which else None  # MARK:bn_syncoff
+    noddp = net() if "noddp" in which else None
+    moduleeval = DDP(net()) if "moduleeval" in which else None
+    clean = DDP(net()) if "clean" in which else None
+    fixed = DDP(net(), broadcast_buffers=False) if "fixed" in which else None
+    models = [m for m in (syncoff, noddp, moduleeval, clean, fixed) if m is not None]
+    opts = [torch.optim.SGD(m.parameters(), lr=0.01) for m in models]
+    data = torch.Generator().manual_seed(100 + rank)
+    for i in range(steps):
+        x = torch.randn(16, 6, generator=data) + rank  # each rank's own data, shifted by its rank
+        logged = sum(train(m, opt, x) for m, opt in zip(models, opts))
+        dist.all_reduce(logged)
+        time.sleep(0.02)
+        if i % 10 == 9:
+            if fixed is not None:
+                ddpdoctor.sync_bn_stats(fixed)
+            with torch.no_grad():
+                xe = torch.randn(8, 6, generator=data)
+                for m in models:
+                    m.eval()
+                    if m is moduleeval:
+                        moduleeval.module(xe)  # MARK:bn_module_eval
+                    else:
+                        m(xe)  # MARK:bn_eval
+    if fixed is not None:
+        ddpdoctor.sync_bn_stats(fixed)  # before the checkpoint a real job would save here
+    print(f"rank {rank} trained {len(models)} models", flush=True)
+    dist.destroy_process_group()
+
+
+def spawned(rank, world, which, steps, port):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    worker(rank, which, steps)
+
+
+if __name__ == "__main__":
+    which, steps = sys.argv[1].split(","), int(sys.argv[2])
+    if "RANK" in os.environ:
+        dist.init_process_group("gloo")
+        worker(dist.get_rank(), which, steps)
+    else:
+        import torch.multiprocessing as mp
+
+        world = int(sys.argv[4])
+        mp.spawn(spawned, args=(world, which, steps, int(sys.argv[3])), nprocs=world)
+'''

@@ -1,11 +1,16 @@
 """BatchNorm running statistics under DDP: measure how far ranks drift apart, and make them agree.
 
 DDP keeps parameters identical, but a BatchNorm layer updates ``running_mean`` and ``running_var``
-from the rank's own batch in every forward, so the ranks' statistics drift apart (with
-``broadcast_buffers=True`` rank 0's copy is broadcast at the start of the next forward, which hides
-the drift during training but not at evaluation or checkpoint time, when each rank holds its own).
-``torch.nn.SyncBatchNorm`` fixes this on GPUs; :func:`sync_bn_stats` works everywhere, CPU and gloo
-included, and is cheap enough to call before every evaluation and checkpoint.
+from the rank's own batch in every training forward, so the ranks' statistics drift apart. With DDP's
+buffer broadcast on (``broadcast_buffers=True``, the default; ``forward_sync_buffers`` in the torch
+versions that name it so) rank 0's buffers are broadcast at the start of the next forward through the
+DDP model, training or evaluation: the ranks differ by one update after a step, and an evaluation
+through the wrapper sees equal statistics. The drift survives wherever no such forward comes first:
+evaluation through ``model.module`` (which skips the broadcast: each rank evaluates with the statistics
+its own last batches left), a checkpoint of ``model.module.state_dict()`` taken on each rank, the
+broadcast turned off (``broadcast_buffers=False``), or no DDP at all (``ddpdoctor run``'s ``bn-drift``
+watch names these in an unchanged job). ``torch.nn.SyncBatchNorm`` fixes this on GPUs; :func:`sync_bn_stats`
+works everywhere, CPU and gloo included, and is cheap enough to call before every evaluation and checkpoint.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ MARKER = ".ddpdoctor-run"
 INJECT = ".inject"
 OWN_PATTERNS = (MARKER + ".*.tmp", "proc-*.json", "beat-*", "coll-*.txt", "stacks-*.txt", "exit-*.json", ".proc-*", ".exit-*",
                 "output.raw.log", "stacks.txt", "verdict.txt", "verdict.json", "flight-recorder-rank*",
-                "finding-*.json", ".finding-*", "desync-*", ".desync-*", "plan-*.json", ".plan-*",
+                "finding-*.json", ".finding-*", "desync-*", ".desync-*", "bn-[0-9]*-*.json", ".bn-[0-9]*", "plan-*.json", ".plan-*",
                 ".flight-recorder-rank*", "frdump-*.json", ".frdump-*", "fr-request", ".fr-request.*",
                 "solo-*", ".solo-*", "count-*.json", ".count-*",
                 "frprog-*.json", ".frprog-*", "torch-dump-rank*")

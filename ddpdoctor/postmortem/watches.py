@@ -20,6 +20,8 @@ a rank that is late or gone only makes a window be skipped.
   the finding, with the tensors, the ranks, when it was first seen and the likely reason.
 * ``solo-wait``: ranks that waited in one collective for half of the process group's timeout while
   another rank worked alone, named at once (before the timeout ends the job): :mod:`ddpdoctor.postmortem.solowait`.
+* ``bn-drift``: BatchNorm running statistics compared where the ranks' drift survives, at evaluation
+  and at the end (:mod:`ddpdoctor.postmortem.bndrift`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ddpdoctor.postmortem.solowait import SoloWait
+from ddpdoctor.postmortem.bndrift import BnDrift
 from ddpdoctor.system.stackframes import shown_where
 
 __all__ = ["WATCHES", "Watches", "Finding", "parse_no_watch", "watch_env", "window_from_env"]
@@ -155,6 +158,7 @@ class Watches:
         self.desync_found = False
         self.plans: dict = {}  # loop line -> {pid: the latest plan record}
         self.solo = SoloWait(run_dir, _beat_from_env(env), self._add) if self.on["solo-wait"] else None
+        self.bn = BnDrift(run_dir, window)
 
     # --- the loop ------------------------------------------------------------------------------
 
@@ -186,7 +190,8 @@ class Watches:
 
     @property
     def _active(self) -> bool:
-        return self.on["sampler-epoch"] or self.on["desync"] or self.on["data-plan"] or self.on["solo-wait"]
+        return (self.on["sampler-epoch"] or self.on["desync"] or self.on["data-plan"] or self.on["solo-wait"]
+                or self.on["bn-drift"])
 
     def _read(self, procs: list, now: float, end: bool) -> None:
         """The ranks' findings, plans and fingerprint records; compare the complete fingerprint sets."""
@@ -198,6 +203,8 @@ class Watches:
         if self.on["desync"]:
             self._read_records(ranks, now)
             self._compare_complete(ranks, now, end=end)
+        if self.on["bn-drift"]:
+            self.bn.read(ranks, now, end, self._rank_of, self._add)
 
     # --- data-plan -------------------------------------------------------------------------------
 

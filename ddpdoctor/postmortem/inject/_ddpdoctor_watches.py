@@ -151,6 +151,7 @@ class _Rank:
         self.final_done = False
         self.solo = _SoloWait(run_dir, self._rank) if enabled("solo-wait") else None
         self.counts = None  # data-plan: the batches of passes over loaders without len(), counted
+        self.bn = _BnDrift(self) if enabled("bn-drift") else None
 
     # --- installation --------------------------------------------------------------------------
 
@@ -161,7 +162,7 @@ class _Rank:
             return True
         mods = sys.modules
         need = ("torch", "torch.optim.optimizer", "torch.utils.data.dataloader", "torch.nn.parallel.distributed",
-                "torch.utils.data.distributed")
+                "torch.utils.data.distributed", "torch.nn.modules.batchnorm")
         for name in need:
             mod = mods.get(name)
             if mod is None or (getattr(getattr(mod, "__spec__", None), "_initializing", False)
@@ -177,6 +178,8 @@ class _Rank:
             self._patch_ddp()
             if self.solo is not None and mods.get("torch.distributed.distributed_c10d") is not None:
                 self.solo.patch(mods["torch.distributed.distributed_c10d"], mods.get("torch.distributed"))
+            if self.bn is not None:
+                self.bn.install()
             mods["torch.optim.optimizer"].register_optimizer_step_pre_hook(self.pre_step)
             atexit.register(self.final, "the interpreter's exit")
         return True
@@ -429,7 +432,12 @@ class _Rank:
 
     def final(self, why, extra=None):
         """The last fingerprint of this rank (once): at destroy_process_group, the first optimizer
-        freed, or the exit."""
+        freed, or the exit (bn-drift's too)."""
+        if self.bn is not None:
+            try:
+                self.bn.final()
+            except Exception:  # noqa: BLE001 - never break the job (nor its exit)
+                pass
         if self.final_done or not self.desync_on or self.steps == 0 or os.getpid() != self.pid:
             return
         self.final_done = True
@@ -738,6 +746,211 @@ class _SoloWait:
         _write_json(self.run_dir, f"solo-where-{self.pid}.json", {
             "pid": self.pid, "rank": self.rank(), "token": token, "where": _where(frame), "waiting": bool(waiting),
             "what": mark[1] if mark is not None else ""})
+class _BnLayer:
+    """What bn-drift knows of one BatchNorm layer that ran a training forward."""
+
+    __slots__ = ("ref", "index", "owner", "drifts", "where", "name")
+
+    def __init__(self, ref, index, owner, drifts, where):
+        self.ref, self.index, self.owner, self.drifts, self.where = ref, index, owner, drifts, where
+        self.name = ""
+
+
+def _call_site(frame):
+    """The user's line that called the outermost module running at ``frame`` (``model(x)``, not the
+    model's own ``forward``); the innermost user frame when no module call is found."""
+    site = None
+    f = frame
+    while f is not None:
+        code = f.f_code
+        if code.co_name in ("_call_impl", "_wrapped_call_impl") and code.co_filename.endswith(
+                os.path.join("nn", "modules", "module.py")):
+            site = f.f_back
+        f = f.f_back
+    return _where(site if site is not None else frame)
+
+
+class _BnDrift:
+    """``bn-drift`` in a rank: BatchNorm running statistics where the ranks' drift survives.
+
+    DDP broadcasts rank 0's buffers at the start of every forward through the DDP model (its buffer
+    sync on), so the ranks' statistics then differ by one update at most and are equal again at the next
+    forward through the wrapper: never recorded. Statistics matter where they are used, at evaluation
+    and in checkpoints, so that is where they are recorded, as ``bn-<pid>-<kind>-<step>-<owner>.json``
+    (each layer's ``running_mean``, ``running_var``, ``eps``, why it can drift and the user's line):
+
+    * ``eval``: at the first evaluation forward, after each optimizer step count, of a layer outside a
+      buffer-broadcasting DDP forward (evaluation through ``model.module``, of a model never wrapped, or
+      of one whose buffer sync is off): the statistics that evaluation uses, of every trained layer of
+      the same model, with the evaluation's line (the same step count on every rank names the moment);
+    * ``final``: at the end (``destroy_process_group``, the first optimizer freed, the exit), what a
+      checkpoint would save of the layers trained outside a forward that broadcasts buffers: a DDP
+      model with ``broadcast_buffers=False`` (``forward_sync_buffers`` off), no DDP at all, or a
+      training forward through ``model.module``.
+
+    Statistics made equal before evaluation and at the end (``ddpdoctor.sync_bn_stats``) are silent.
+
+    Costs one Python call per BatchNorm forward and one per DDP forward; the statistics are read only
+    at those moments.
+    """
+
+    def __init__(self, rank):
+        self.rank = rank
+        self.covered = 0  # depth of forwards through a DDP model that broadcasts its buffers first
+        self.info = {}  # id(layer) -> _BnLayer
+        self.order = []  # the _BnLayer records in the order first trained
+        self.eval_steps = {}  # owner (a DDP model's index, -1: none) -> the step count of its last eval snapshot
+        self.final_done = False
+
+    def install(self):
+        bn_cls = sys.modules["torch.nn.modules.batchnorm"]._BatchNorm
+        ddp_cls = sys.modules["torch.nn.parallel.distributed"].DistributedDataParallel
+        real_bn, real_ddp = bn_cls.forward, ddp_cls.forward
+        drift = self
+        # under torch.compile's tracing this is constant True: the traced graph holds none of the watch
+        compiling = getattr(getattr(sys.modules["torch"], "compiler", None), "is_compiling", None) or (lambda: False)
+        if not getattr(real_bn, "_ddpdoctor_watch", False):
+            def forward(bn, *args, **kwargs):
+                try:
+                    if compiling():
+                        pass
+                    elif drift.covered:
+                        if id(bn) not in drift.info:
+                            drift.trained(bn, False)
+                    else:
+                        drift.uncovered(bn)
+                except Exception:  # noqa: BLE001 - never break the job
+                    pass
+                return real_bn(bn, *args, **kwargs)
+
+            forward._ddpdoctor_watch = True
+            forward.__wrapped__ = real_bn
+            bn_cls.forward = forward
+        if not getattr(real_ddp, "_ddpdoctor_watch", False):
+            def ddp_forward(model, *args, **kwargs):
+                if not _syncs_buffers(model):
+                    return real_ddp(model, *args, **kwargs)
+                drift.covered += 1
+                try:
+                    return real_ddp(model, *args, **kwargs)
+                finally:
+                    drift.covered -= 1
+
+            ddp_forward._ddpdoctor_watch = True
+            ddp_forward.__wrapped__ = real_ddp
+            ddp_cls.forward = ddp_forward
+
+    # --- what the patches call -----------------------------------------------------------------
+
+    def trained(self, bn, drifts):
+        """A training forward of ``bn``: registered at its first; ``drifts`` when no DDP forward broadcast
+        the buffers first."""
+        import weakref
+
+        if bn.running_mean is None or bn.running_var is None:
+            return
+        info = self.info.get(id(bn))
+        if info is not None and info.ref() is bn:
+            if drifts and not info.drifts:
+                info.drifts, info.where = True, _call_site(sys._getframe(2))
+            return
+        owner = -1
+        for k, ref in enumerate(self.rank.ddps):
+            m = ref()
+            if m is not None and any(x is bn for x in m.module.modules()):
+                owner = k
+                break
+        info = _BnLayer(weakref.ref(bn), len(self.order), owner, drifts, _call_site(sys._getframe(2)))
+        self.info[id(bn)] = info
+        self.order.append(info)
+
+    def uncovered(self, bn):
+        """A forward of ``bn`` that no buffer-broadcasting DDP forward preceded."""
+        if bn.training:
+            info = self.info.get(id(bn))
+            if info is None or not info.drifts:
+                self.trained(bn, True)
+            return
+        info = self.info.get(id(bn))
+        if info is None or self.eval_steps.get(info.owner) == self.rank.steps:
+            return
+        if info.ref() is not bn or not bn.track_running_stats or bn.running_mean is None:
+            return  # never trained here (statistics as loaded, the same on every rank), or batch statistics
+        self.eval_steps[info.owner] = self.rank.steps
+        frame = sys._getframe(2)
+        self.snapshot("eval", [i for i in self.order if i.owner == info.owner], frame, _call_site(frame))
+
+    def final(self):
+        if self.final_done or self.rank.steps == 0 or os.getpid() != self.rank.pid:
+            return
+        self.final_done = True
+        layers = [i for i in self.order if i.drifts]
+        if layers:
+            self.snapshot("final", layers, None, "")
+
+    # --- the record -----------------------------------------------------------------------------
+
+    def _names(self, frame):
+        """Give the layers a name from the modules in the user's frames (``model.module.bn1``), once."""
+        want = {id(i.ref()): i for i in self.order if not i.name and i.ref() is not None}
+        module_cls = sys.modules["torch.nn.modules.module"].Module
+        depth = 0
+        while want and frame is not None and depth < 40:
+            depth += 1
+            if not any(part in frame.f_code.co_filename for part in _LIBRARY):
+                for var, value in list(frame.f_locals.items()):
+                    pairs = [(var, value)] if isinstance(value, module_cls) else (
+                        [(f"self.{a}", v) for a, v in list(vars(value).items()) if isinstance(v, module_cls)]
+                        if var == "self" and hasattr(value, "__dict__") else [])
+                    for prefix, module in pairs:
+                        for n, m in module.named_modules():
+                            info = want.pop(id(m), None)
+                            if info is not None:
+                                info.name = f"{prefix}.{n}" if n else prefix
+            frame = frame.f_back
+
+    def snapshot(self, kind, layers, frame, eval_where):
+        """Write the layers' running statistics, with why each can drift and the user's line."""
+        if os.getpid() != self.rank.pid:
+            return  # a forked child (a DataLoader worker): not a rank
+        if frame is not None:
+            self._names(frame)
+        ddps = self.rank.ddps
+        rows = []
+        for info in layers:
+            bn = info.ref()
+            if bn is None or bn.running_mean is None:
+                continue
+            model = ddps[info.owner]() if info.owner >= 0 else None
+            built = model.__dict__.get("_ddpdoctor_built", {}) if model is not None else {}
+            if info.owner < 0:
+                why, where = "no-ddp", info.where
+            elif not _syncs_buffers(model):
+                why, where = "sync-off", built.get("where", "")
+            elif info.drifts:
+                why, where = "module-train", info.where
+            else:
+                why, where = "module-eval", eval_where
+            name = info.name or f"BatchNorm layer {info.index} ({type(bn).__name__}({bn.num_features}))"
+            rows.append([name, float(bn.eps), bn.running_mean.detach().float().cpu().reshape(-1).tolist(),
+                         bn.running_var.detach().float().cpu().reshape(-1).tolist(), why, where])
+        if not rows:
+            return
+        steps = self.rank.steps
+        owner = layers[0].owner if kind == "eval" else "all"
+        _write_json(self.rank.run_dir, f"bn-{self.rank.pid}-{kind}-{steps}-{owner}.json", {
+            "pid": self.rank.pid, "rank": self.rank._rank(), "kind": kind, "step": steps, "owner": owner,
+            "layers": rows})
+
+
+def _syncs_buffers(model):
+    """Whether a DDP model broadcasts its buffers at the start of a forward: ``forward_sync_buffers``
+    where torch has it, else ``broadcast_buffers``."""
+    attrs = model.__dict__  # instance attributes: no Module.__getattr__ (and its exception) per forward
+    value = attrs.get("forward_sync_buffers")
+    if value is None:
+        value = attrs.get("broadcast_buffers", getattr(model, "broadcast_buffers", True))
+    return bool(value)
 
 
 class _TorchLoaded:
@@ -772,7 +985,7 @@ class _TorchLoaded:
 def start(run_dir, info):
     """Start the watches in this rank (called by the injected sitecustomize); the beat function."""
     global _state
-    if not any(enabled(n) for n in ("sampler-epoch", "data-plan", "desync", "solo-wait")):
+    if not any(enabled(n) for n in ("sampler-epoch", "data-plan", "desync", "solo-wait", "bn-drift")):
         return None
     _state = _Rank(run_dir, info)
     if "torch" in sys.modules:
