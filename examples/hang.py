@@ -1,7 +1,7 @@
 """A 2-rank gloo job that hangs at its third step: rank 1 is stuck reading its batch while rank 0
 waits for it in all_reduce. The README's example for `ddpdoctor run` and `ddpdoctor stacks`:
 
-    ddpdoctor run --hang-timeout 15 -- torchrun --nproc-per-node 2 examples/hang.py
+    ddpdoctor run --hang-timeout 10 -- torchrun --nproc-per-node 2 examples/hang.py
 """
 
 import time
