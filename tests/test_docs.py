@@ -104,7 +104,7 @@ BLOCKS: list[tuple[str, str, str]] = [
      "test:test_collectives_cli.py::test_bench_joins_a_torchrun_world_and_reports_once"),
     ("bash", "torchrun --nnodes 2 --node-rank \"$NODE_RANK\" --nproc-per-node 8",
      "test:test_multihost.py::test_torchrun_two_nodes_one_report_covering_both"),
-    ("yaml", "kind: PyTorchJob", "test:test_joined.py::*"),
+    ("yaml", "kind: PyTorchJob", "real:pods"),
     ("text", "ddpdoctor run: rank 2 on node2 is a straggler: score 0.77",
      "test:test_locate.py::test_run_names_the_rank_that_works_slowest_and_a_clean_job_names_no_one"),
     ("text", "ddpdoctor run: [sampler-epoch] ranks 0, 1: the DistributedSampler's shuffled order repeats",
@@ -122,6 +122,7 @@ REAL = {
     "run-and-stacks": "test_run_and_stacks_blocks_on_the_hanging_example",
     "explain": "test_explain_block_is_what_explain_prints_for_the_example_log",
     "architecture-tree": "test_architecture_tree_names_only_what_exists",
+    "pods": "test_kubernetes_pods_run_the_preflight_then_the_job",
 }
 
 
@@ -501,6 +502,39 @@ def test_run_and_stacks_blocks_on_the_hanging_example(cli_env, tmp_path):
     printed, look = seen
     _shown_in_order(_block("$ ddpdoctor stacks 24135 "), look)
     _shown_in_order(_block("$ ddpdoctor run --hang-timeout 10"), printed)
+
+
+@pytest.mark.timeout(180)
+def test_kubernetes_pods_run_the_preflight_then_the_job(cli_env, tmp_path):
+    """The PyTorchJob's pod command, as written, in two processes given what the training operator gives each
+    pod (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and the manifest's own env: the pods join one world,
+    rank 0 prints the report with no warning, both exit 0 and only then start the job (`python train.py`,
+    here a script that says so)."""
+    manifest = _block("kind: PyTorchJob")
+    commands = {tuple(json.loads(m)) for m in re.findall(r"^\s*command: (\[.*\])$", manifest, re.M)}
+    assert len(commands) == 1, commands  # master and workers run the same command
+    shell, flag, script = commands.pop()
+    assert (shell, flag) == ("bash", "-c") and script.endswith(" && python train.py"), script
+    given = dict(re.findall(r'- name: (\w+)\n\s+value: "([^"]*)"', manifest))
+    assert given == {"LOCAL_RANK": "0"}, given
+    (tmp_path / "train.py").write_text("import os\nprint('training on rank', os.environ['RANK'])\n")
+    port = _free_port()
+    env = _env(cli_env, tmp_path)
+    pods = [subprocess.Popen([shell, flag, script], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=dict(env, **given, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                                 MASTER_PORT=str(port)))
+            for r in range(2)]
+    try:
+        outs = [pod.communicate(timeout=150) for pod in pods]
+    finally:
+        for pod in pods:
+            if pod.poll() is None:
+                pod.kill()
+                pod.communicate()
+    assert [pod.returncode for pod in pods] == [0, 0], outs
+    report, rest = outs[0][0].split("\ntraining on rank 0\n")
+    assert re.search(r"^\d+ passed in [\d.]+s; exit 0$", report, re.M) and "[warn]" not in report, report
+    assert outs[1][0] == "training on rank 1\n", outs[1]
 
 
 def test_architecture_tree_names_only_what_exists():
