@@ -1,4 +1,4 @@
-"""Exit codes of the ``ddpdoctor`` command, in one place (documented in ``--help`` and README)."""
+"""Exit codes of the ``ddpdoctor`` command, in one place (documented in ``--help`` and docs/checks.md)."""
 
 from __future__ import annotations
 

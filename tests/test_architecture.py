@@ -1,4 +1,4 @@
-"""The architecture as the README's "Architecture" section states it, checked on the code.
+"""The architecture as docs/architecture.md states it, checked on the code.
 
 - the layers contract in ``pyproject.toml`` ([tool.importlinter]), run with import-linter;
 - no import circle between ddpdoctor's modules (function-level imports included);

@@ -1,4 +1,4 @@
-"""The README example of the training-pitfall library runs as written on a 2-rank gloo world."""
+"""The training-pitfalls example of docs/library.md runs as written on a 2-rank gloo world."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch._dynamo  # noqa: F401 - DDP imports it on first use; once here, not
 
 from worlds import run_world
 
-SNIPPET = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+SNIPPET = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "library.md")
 
 
 def _example() -> str:

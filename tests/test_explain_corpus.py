@@ -67,7 +67,7 @@ def test_no_case_is_wrong(results):
 
 
 def test_baseline_is_current(results):
-    """The baseline claims no more than is true, so the README's score is the measured one."""
+    """The baseline claims no more than is true, so docs/explain.md's score is the measured one."""
     right = sorted(cid for cid, r in results.items() if r[1] == "right")
     assert BASELINE["right"] == right, "rerun: python tests/explain_corpus/score.py --write-baseline"
 
@@ -80,8 +80,8 @@ def test_score_script_prints_the_table(capsys):
 
 
 def test_readme_states_the_measured_score(results):
-    """The README's score line is the one this corpus gives today."""
-    with open(os.path.join(os.path.dirname(score.HERE), os.pardir, "README.md"), encoding="utf-8") as f:
+    """docs/explain.md's score line is the one this corpus gives today."""
+    with open(os.path.join(os.path.dirname(score.HERE), os.pardir, "docs", "explain.md"), encoding="utf-8") as f:
         readme = " ".join(f.read().split())
     outcomes = list(results.values())
     right = sum(1 for _, o in outcomes if o == "right")
