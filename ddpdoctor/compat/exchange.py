@@ -1,0 +1,57 @@
+"""An in-place broadcast of tensors that checks the ranks' shapes first: accelerate's and mmengine's ``broadcast``.
+
+torch's ``broadcast`` copies ``src``'s bytes into every rank's tensor without checking that the
+shapes agree: gloo raises on some ranks and hangs others, NCCL may write past the end. Here every
+rank sends its shapes (and ``src`` its values) in one ddpdoctor ``gather_object``, so every rank sees
+the same table and either copies ``src``'s values or raises the same error.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from ddpdoctor.compat.mismatch import CollectiveTypeError, CollectiveValueError
+from ddpdoctor.training import gather_object
+from ddpdoctor.training.agreement import group_ranks
+from ddpdoctor.training.ranks import get_rank
+
+__all__ = ["broadcast_into"]
+
+
+def broadcast_into(leaves: Sequence[torch.Tensor], shapes: Any, bad: Optional[str], src: int, *, group: Any = None,
+                   what: str, on_mismatch: Callable[[list[Any]], BaseException]) -> None:
+    """Copy global rank ``src``'s ``leaves`` into every rank's ``leaves``, in place.
+
+    Args:
+        leaves: this rank's tensors, in a fixed order.
+        shapes: this rank's description of its input (compared between ranks).
+        bad: why this rank's input is unusable, as ``"TypeError: ..."``, or None.
+        what: the helper's name, for the messages.
+        on_mismatch: builds the error for shapes that differ, from every rank's ``shapes``.
+
+    Raises:
+        CollectiveTypeError / CollectiveValueError: on every rank alike, when some rank's input is
+            unusable (``bad``) or ``src`` is not a rank of the group; the class of the bad ranks' reasons.
+        what ``on_mismatch`` builds, on every rank alike, when the shapes differ.
+    """
+    ranks = group_ranks(group)
+    if src not in ranks:
+        bad = bad or f"ValueError: src={src} is not a rank of the group (ranks {ranks})"
+    mine = (shapes, bad, [t.detach().cpu() for t in leaves] if get_rank() == src and bad is None else None)
+    table = gather_object(mine, group=group)
+    assert table is not None
+    errors = [(ranks[i], row[1]) for i, row in enumerate(table) if row[1] is not None]
+    if errors:
+        def fails(error: str) -> bool:
+            return error.startswith("ValueError")
+        cls = CollectiveValueError if all(map(fails, (e for _, e in errors))) else CollectiveTypeError
+        raise cls("collective-input", f"{what}: bad input on rank(s) {[r for r, _ in errors]}: "
+                  + "; ".join(f"rank {r}: {e}" for r, e in errors),
+                  "fix the input on those ranks; every rank stopped here instead of waiting for them")
+    if any(row[0] != table[0][0] for row in table):
+        raise on_mismatch([row[0] for row in table])
+    values = table[ranks.index(src)][2]
+    for t, value in zip(leaves, values):
+        t.copy_(value)
