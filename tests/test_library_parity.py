@@ -490,7 +490,7 @@ def _compat_mmengine(rank, world, out):
         M.all_reduce(data, op)
         out[f"M.{op}"] = data
     data = torch.tensor([rank + 1])
-    out["M.int_mean"] = (_outcome(lambda: M.all_reduce(data, "mean")), data)  # summed in place, then raises
+    out["M.int_mean"] = (_outcome(lambda: M.all_reduce(data, "mean")), data)  # true quotient copied back
     # test_broadcast / test_broadcast_object_list: in place
     data = torch.full((2,), rank)
     out["M.bcast"] = (M.broadcast(data, src=world - 1), data)
@@ -620,19 +620,22 @@ def test_compat_modules_behave_as_the_peers_tests_assert(world, tmp_path):
             prod *= r + 1
             bor |= r + 1
         assert out["M.product"].tolist() == [prod, 4 ** world] and out["M.bor"].tolist() == [bor, 4]
-        int_mean, summed = out["M.int_mean"]
-        assert int_mean[:2] == ("raised", "RuntimeError") and summed.tolist() == [sum(range(1, world + 1))]
+        int_mean, data = out["M.int_mean"]
+        assert int_mean == ("ok", None) and data.tolist() == [int(sum(range(1, world + 1)) / world)]
         assert out["M.bcast"][0] is None and out["M.bcast"][1].tolist() == [world - 1] * 2
         assert _mismatch(out["M.bcast_bad"])
         assert out["M.objs"] == (None, [0, "from 0"])
         assert out["M.dict"][0] is None and out["M.dict"][1]["b"].tolist() == [sum(range(world))]
+        assert out["M.dict"][1]["b"].dtype == torch.float32  # flattened with the float value: promoted, as mmengine
         assert out["M.dict"][1]["a"].tolist() == [[float(world), 2.0 * world]]
         assert [t.tolist() for t in out["M.gather"]] == ([[r, -r] for r in range(world)] if rank == 0 else [])
         assert [t.tolist() for t in out["M.all_gather"]] == [[r] for r in range(world)]
         every = [None if i == 4 else i for i in range(8)]
         assert out["M.collect"] == (every if rank == 0 else None) and out["M.collect_gpu"] == out["M.collect"]
         assert out["M.never"] is False
-        assert out["M.collect_bad"][1] == "NotImplementedError" and out["M.collect_gpu_tmp"][1] == "AssertionError"
+        assert out["M.collect_bad"][1:] == ("NotImplementedError", False, False,
+                                            "device must be 'cpu' , 'gpu' or 'npu', but got tpu")
+        assert out["M.collect_gpu_tmp"][1] == "AssertionError"
         node_size = min(2, world - 2 * (rank // 2))
         assert out["M.local"] == (node_size, rank % 2)
         # detectron2 and torchmetrics

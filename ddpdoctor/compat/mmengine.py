@@ -4,8 +4,8 @@
 in place and return None; ``gather(dst=0)`` and ``gather_object(dst=0)`` give the list on ``dst``
 only (``[]`` and None elsewhere); ``collect_results`` gives the ordered list on rank 0 and None on
 the others. ``all_reduce`` takes ``'sum'`` (default), ``'mean'``, ``'max'``, ``'min'``, ``'product'``,
-``'band'``, ``'bor'``, ``'bxor'``; a mean of an integer tensor sums in place, then raises torch's
-``RuntimeError`` from the in-place true division, as mmengine.
+``'band'``, ``'bor'``, ``'bxor'``; a mean of an integer tensor is the true quotient copied back into
+the tensor (rounded toward zero), as mmengine.
 
 Deliberately different, because mmengine hangs, misaligns or corrupts there:
 
@@ -77,7 +77,6 @@ def all_reduce(data: torch.Tensor, op: str = "sum", group: Optional[Any] = None)
     Raises:
         ValueError: an unknown ``op``.
         CollectiveMismatchError: on every rank, when ranks pass different shapes or dtypes.
-        RuntimeError: ``op='mean'`` on an integer tensor (after the sum, as mmengine).
     """
     name = op.lower() if isinstance(op, str) else op
     if name not in _OPS:
@@ -85,9 +84,9 @@ def all_reduce(data: torch.Tensor, op: str = "sum", group: Optional[Any] = None)
     if get_world_size(group) == 1:
         return
     if name in ("sum", "mean", "max", "min"):
-        data.copy_(as_builtin(lambda: _reduce(data, "sum" if name == "mean" else name, group=group)))
-        if name == "mean":
-            data.div_(get_world_size(group))
+        reduced = as_builtin(lambda: _reduce(data, "sum" if name == "mean" else name, group=group))
+        # mmengine: true_divide into a new tensor, then copied back into data (an integer mean truncates)
+        data.copy_(torch.true_divide(reduced, get_world_size(group)) if name == "mean" else reduced)
         return
     stacked = as_builtin(lambda: _gather(data.unsqueeze(0), group=group))
     if name == "product":
@@ -173,17 +172,17 @@ def gather_object(data: Any, dst: int = 0, group: Optional[Any] = None) -> Optio
 def collect_results(results: list, size: int, device: str = "cpu", tmpdir: Optional[str] = None) -> Optional[list]:
     """mmengine's ``collect_results``: every rank's results in sampler order, cut to ``size``, on rank 0; None elsewhere.
 
-    ``device`` is ``'cpu'`` or ``'gpu'``, as mmengine; both travel through the process group here,
-    and ``tmpdir`` is accepted but never written to.
+    ``device`` is ``'cpu'``, ``'gpu'`` or ``'npu'``, as mmengine; all travel through the process
+    group here, and ``tmpdir`` is accepted but never written to.
 
     Raises:
-        NotImplementedError: ``device`` is neither, as mmengine.
-        AssertionError: ``tmpdir`` with ``device='gpu'``, as mmengine.
+        NotImplementedError: another ``device``, as mmengine.
+        AssertionError: ``tmpdir`` with ``device='gpu'`` or ``'npu'``, as mmengine.
     """
-    if device not in ("gpu", "cpu"):
-        raise NotImplementedError(f"device must be 'cpu' or 'gpu', but got {device}")
-    if device == "gpu":
-        assert tmpdir is None, 'tmpdir should be None when device is "gpu"'
+    if device not in ("gpu", "cpu", "npu"):
+        raise NotImplementedError(f"device must be 'cpu' , 'gpu' or 'npu', but got {device}")
+    if device in ("gpu", "npu"):
+        assert tmpdir is None, f"tmpdir should be None when device is {device}"
     if get_world_size() == 1:
         return results[:size]
     ordered = _collect(results, size)
