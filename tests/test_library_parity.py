@@ -646,3 +646,35 @@ def test_compat_modules_behave_as_the_peers_tests_assert(world, tmp_path):
         assert out["D.main"] is (rank == 0)
         assert out["T.uneven"] == [(r + 1, world - r) for r in range(world)]
     assert len({out["D.seed"] for out in results}) == 1
+
+
+@pytest.mark.timeout(30)
+def test_compat_modules_in_a_world_of_one_and_launched_without_a_process_group(clean_launcher_env):
+    from ddpdoctor.compat import accelerate as A
+    from ddpdoctor.compat import detectron2 as D
+    from ddpdoctor.compat import lightning as L
+    from ddpdoctor.compat import mmengine as M
+    from ddpdoctor.training import NotInitializedError
+
+    # a world of one: the peers' single-process answers
+    assert L.all_gather(torch.ones(2, 3)).shape == (2, 3)  # Fabric's single-device strategy does not stack
+    three = L.all_gather(3)
+    assert three.dtype == torch.int32 and three.item() == 3
+    assert L.rank_zero_only.rank == 0 and L.rank_zero_only(lambda: "ran")() == "ran"
+    assert A.gather_object("not a list") == "not a list"
+    with pytest.raises(TypeError, match=r"Unsupported types \(<class 'str'>\) passed to `_reduce_across_processes`"):
+        A.reduce({"a": torch.ones(1), "b": "x"})
+    x = torch.ones(2)
+    assert A.reduce(x) is not x and torch.equal(A.reduce(x), x)
+    assert M.collect_results([1, 2, 3], 2) == [1, 2] and M.gather(x) == [x] and M.all_reduce(x) is None
+    d = {"a": torch.tensor(1.0)}
+    assert D.reduce_dict(d) is d and D.all_gather(5) == [5] and D.gather(5, dst=0) == [5]
+    # launched (RANK/WORLD_SIZE) but no process group: the peer would have made one; never this rank's data alone
+    clean_launcher_env.setenv("RANK", "0")
+    clean_launcher_env.setenv("WORLD_SIZE", "2")
+    clean_launcher_env.setenv("LOCAL_RANK", "0")
+    for call in (lambda: L.all_gather(x), lambda: L.all_reduce(x), lambda: A.gather(x), lambda: A.reduce(x),
+                 lambda: M.all_reduce(x), lambda: M.collect_results([1], 1), lambda: D.all_gather(1),
+                 lambda: D.reduce_dict(d)):
+        with pytest.raises(NotInitializedError, match="no process group is initialized"):
+            call()

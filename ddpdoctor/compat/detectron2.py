@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ddpdoctor.training import barrier, gather_object, is_rank_zero, reduce
+from ddpdoctor.training.ranks import require_process_group
 
 __all__ = ["all_gather", "gather", "reduce_dict", "shared_random_seed", "synchronize", "is_main_process",
            "get_rank", "get_world_size"]
@@ -29,6 +30,18 @@ __all__ = ["all_gather", "gather", "reduce_dict", "shared_random_seed", "synchro
 
 def _on() -> bool:
     return dist.is_available() and dist.is_initialized()
+
+
+def _alone(what: str) -> bool:
+    """True in a world of one, where detectron2's helpers return at once.
+
+    Raises:
+        NotInitializedError: a launcher started several processes but no process group exists.
+    """
+    if _on():
+        return dist.get_world_size() == 1
+    require_process_group(what)
+    return True
 
 
 def get_world_size() -> int:
@@ -48,13 +61,13 @@ def is_main_process() -> bool:
 
 def synchronize() -> None:
     """detectron2's ``synchronize``: a barrier among all ranks; nothing in a world of one."""
-    if get_world_size() > 1:
+    if not _alone("synchronize()"):
         barrier()
 
 
 def all_gather(data: Any, group: Optional[Any] = None) -> list[Any]:
     """detectron2's ``all_gather``: a list with every rank's picklable ``data``, in rank order."""
-    if get_world_size() == 1:
+    if _alone("all_gather()"):
         return [data]
     out = gather_object(data, group=group)
     assert out is not None
@@ -63,7 +76,7 @@ def all_gather(data: Any, group: Optional[Any] = None) -> list[Any]:
 
 def gather(data: Any, dst: int = 0, group: Optional[Any] = None) -> list[Any]:
     """detectron2's ``gather``: on rank ``dst`` a list with every rank's ``data``; ``[]`` on the others."""
-    if get_world_size() == 1:
+    if _alone("gather()"):
         return [data]
     out = gather_object(data, dst=dst, group=group)
     return [] if out is None else out
@@ -88,8 +101,7 @@ def reduce_dict(input_dict: dict[str, torch.Tensor], average: bool = True) -> di
 
     The keys come back sorted, as detectron2's; the values are right on every rank.
     """
-    world_size = get_world_size()
-    if world_size < 2:
+    if _alone("reduce_dict()"):
         return input_dict
     with torch.no_grad():
         names = sorted(input_dict.keys())

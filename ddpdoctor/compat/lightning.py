@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ddpdoctor.training import barrier as _barrier
+from ddpdoctor.training.ranks import require_process_group
 from ddpdoctor.training import broadcast_object, gather, is_rank_zero, reduce
 from ddpdoctor.training.ranks import get_rank
 
@@ -72,8 +73,17 @@ def convert_to_tensors(data: Any, device: Union[str, torch.device, None] = None)
     return _map(data, leaf)
 
 
-def _initialized() -> bool:
-    return dist.is_available() and dist.is_initialized()
+def _initialized(what: str = "this call") -> bool:
+    """True when a process group exists; False in a world of one.
+
+    Raises:
+        NotInitializedError: a launcher started several processes but no process group exists
+            (the peer would have made one; returning this rank's own data would be silently wrong).
+    """
+    if dist.is_available() and dist.is_initialized():
+        return True
+    require_process_group(what)
+    return False
 
 
 def all_gather(data: Any, group: Optional[Any] = None, sync_grads: bool = False) -> Any:
@@ -87,7 +97,7 @@ def all_gather(data: Any, group: Optional[Any] = None, sync_grads: bool = False)
             shapes (Fabric hangs or pairs the wrong tensors there).
     """
     data = convert_to_tensors(data)
-    if not _initialized():
+    if not _initialized("all_gather()"):
         return data
     if sync_grads:
         return _map(data, lambda x: gather(x.unsqueeze(0), sync_grads=True, group=group)
@@ -110,7 +120,7 @@ def all_reduce(data: Any, group: Optional[Any] = None, reduce_op: Optional[Union
     """
     op = _op_name(reduce_op)
     data = convert_to_tensors(data)
-    if not _initialized():
+    if not _initialized("all_reduce()"):
         return data
     leaves = _tensor_leaves(data)
     reduced = reduce(leaves, "sum" if op == "mean" else op, group=group)
@@ -139,7 +149,7 @@ def _op_name(reduce_op: Any) -> str:
 
 def broadcast(obj: Any, src: int = 0) -> Any:
     """Fabric's ``broadcast``: ``src``'s picklable ``obj`` on every rank (``obj`` itself in a world of one)."""
-    if not _initialized():
+    if not _initialized("broadcast()"):
         return obj
     return broadcast_object(obj, src)
 
@@ -204,10 +214,10 @@ def rank_zero_only(fn: F, default: Optional[Any] = None) -> F:
     """Fabric's ``rank_zero_only``: call ``fn`` on rank zero only, else return ``default``.
 
     Fabric reads ``RANK``, ``LOCAL_RANK``, ``SLURM_PROCID`` and ``JSM_NAMESPACE_RANK`` once at import
-    and keeps the answer in ``rank_zero_only.rank``, which its strategies overwrite. Here rank zero
-    is ddpdoctor's rule (every rank variable that is set, and the process group once it exists,
-    say 0; ``LOCAL_RANK`` alone counts only when no global variable is set), read at each call, and
-    a ``rank_zero_only.rank`` you set (as Fabric's strategies do) must be 0 as well.
+    and keeps the answer in ``rank_zero_only.rank``, which its strategies overwrite; so does this
+    module. Here rank zero is ddpdoctor's rule as well (every rank variable that is set, and the
+    process group once it exists, say 0; ``LOCAL_RANK`` alone counts only when no global variable
+    is set), read at each call: ``fn`` runs only where both say 0.
     Deliberately different: Fabric runs ``fn`` on a non-zero rank whose ``RANK`` is unset but whose
     ``SLURM_PROCID`` says otherwise, or before its strategy sets the rank.
     """
@@ -219,3 +229,20 @@ def rank_zero_only(fn: F, default: Optional[Any] = None) -> F:
         return default
 
     return wrapped_fn  # type: ignore[return-value]
+
+
+def _fabric_rank() -> int:
+    """Fabric's ``_get_rank``: the first of RANK, LOCAL_RANK, SLURM_PROCID, JSM_NAMESPACE_RANK that is set, else 0."""
+    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+        rank = os.environ.get(key)
+        if rank is not None:
+            try:
+                return int(rank)
+            except ValueError:
+                continue
+    return 0
+
+
+# As Fabric: set once at import (a strategy overwrites it). It can only keep fn from running, never make
+# it run where ddpdoctor's rule says this is not rank zero.
+rank_zero_only.rank = getattr(rank_zero_only, "rank", _fabric_rank())  # type: ignore[attr-defined]

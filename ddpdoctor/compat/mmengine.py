@@ -36,6 +36,7 @@ from ddpdoctor.training import get_rank as _get_rank
 from ddpdoctor.training import get_world_size as _get_world_size
 from ddpdoctor.training import is_rank_zero
 from ddpdoctor.training import reduce as _reduce
+from ddpdoctor.training.ranks import require_process_group
 
 __all__ = ["all_reduce", "all_reduce_dict", "broadcast", "broadcast_object_list", "gather", "gather_object",
            "all_gather", "all_gather_object", "collect_results", "init_local_group", "get_local_group",
@@ -51,6 +52,19 @@ def get_world_size(group: Optional[Any] = None) -> int:
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size(group)
     return 1
+
+
+def _alone(group: Optional[Any], what: str) -> bool:
+    """True in a world (or group) of one, where mmengine's collectives do nothing.
+
+    Raises:
+        NotInitializedError: a launcher started several processes but no process group exists
+            (mmengine would do nothing and leave each rank with its own data: silently wrong).
+    """
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(group) == 1
+    require_process_group(what)
+    return True
 
 
 def get_rank(group: Optional[Any] = None) -> int:
@@ -81,7 +95,7 @@ def all_reduce(data: torch.Tensor, op: str = "sum", group: Optional[Any] = None)
     name = op.lower() if isinstance(op, str) else op
     if name not in _OPS:
         raise ValueError(f"all_reduce(op={op!r}): use one of {', '.join(_OPS)}")
-    if get_world_size(group) == 1:
+    if _alone(group, "all_reduce()"):
         return
     if name in ("sum", "mean", "max", "min"):
         reduced = as_builtin(lambda: _reduce(data, "sum" if name == "mean" else name, group=group))
@@ -102,7 +116,7 @@ def all_reduce_dict(data: dict[str, torch.Tensor], op: str = "sum", group: Optio
     mmengine), reduced with :func:`all_reduce`, and put back in their shapes.
     """
     assert isinstance(data, dict), f"all_reduce_dict takes a dict, got {type(data).__name__}"
-    if get_world_size(group) == 1:
+    if _alone(group, "all_reduce_dict()"):
         return
     keys = sorted(data.keys())
     shapes = [data[k].shape for k in keys]
@@ -120,7 +134,7 @@ def broadcast(data: torch.Tensor, src: int = 0, group: Optional[Any] = None) -> 
         CollectiveMismatchError: on every rank, when the ranks' shapes differ (torch's broadcast
             hangs or writes past the end there).
     """
-    if get_world_size(group) == 1:
+    if _alone(group, "broadcast()"):
         return
     bad = None if isinstance(data, torch.Tensor) else f"TypeError: broadcast takes a tensor, got {type(data).__name__}"
     shape = list(data.shape) if bad is None else None
@@ -135,21 +149,21 @@ def broadcast(data: torch.Tensor, src: int = 0, group: Optional[Any] = None) -> 
 def broadcast_object_list(data: list[Any], src: int = 0, group: Optional[Any] = None) -> None:
     """mmengine's ``broadcast_object_list``: ``data`` replaced in place by ``src``'s list (same length)."""
     assert isinstance(data, list), f"broadcast_object_list takes a list, got {type(data).__name__}"
-    if get_world_size(group) == 1:
+    if _alone(group, "broadcast_object_list()"):
         return
     data[:] = broadcast_object(list(data), src, group=group)
 
 
 def all_gather(data: torch.Tensor, group: Optional[Any] = None) -> list[torch.Tensor]:
     """mmengine's ``all_gather``: a list with every rank's tensor (same shapes), in rank order."""
-    if get_world_size(group) == 1:
+    if _alone(group, "all_gather()"):
         return [data]
     return list(as_builtin(lambda: _gather(data.unsqueeze(0), group=group)).unbind(0))
 
 
 def gather(data: torch.Tensor, dst: int = 0, group: Optional[Any] = None) -> list[Optional[torch.Tensor]]:
     """mmengine's ``gather``: on global rank ``dst`` the list of every rank's tensor; ``[]`` on the others."""
-    if get_world_size(group) == 1:
+    if _alone(group, "gather()"):
         return [data]
     out = as_builtin(lambda: _gather(data.unsqueeze(0), dst=dst, group=group))
     return [] if out is None else list(out.unbind(0))
@@ -164,7 +178,7 @@ def all_gather_object(data: Any, group: Optional[Any] = None) -> list[Any]:
 
 def gather_object(data: Any, dst: int = 0, group: Optional[Any] = None) -> Optional[list[Any]]:
     """mmengine's ``gather_object``: every rank's ``data`` on ``dst``; None on the others."""
-    if get_world_size(group) == 1:
+    if _alone(group, "gather_object()"):
         return [data]
     return _objects(data, dst=dst, group=group)
 
@@ -183,7 +197,7 @@ def collect_results(results: list, size: int, device: str = "cpu", tmpdir: Optio
         raise NotImplementedError(f"device must be 'cpu' , 'gpu' or 'npu', but got {device}")
     if device in ("gpu", "npu"):
         assert tmpdir is None, f"tmpdir should be None when device is {device}"
-    if get_world_size() == 1:
+    if _alone(None, "collect_results()"):
         return results[:size]
     ordered = _collect(results, size)
     return ordered if _get_rank() == 0 else None
