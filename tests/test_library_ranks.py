@@ -206,19 +206,28 @@ def _rank_zero_scenario(index, world):
             del os.environ[name]
     os.environ.update(env)
     sys.argv = ["train.py"]
+    from ddpdoctor.compat import accelerate, detectron2, lightning, mmengine
+
+    lightning.rank_zero_only.rank = lightning._fabric_rank()  # what Fabric computes at import in this environment
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ran = _save_checkpoint()
         rank, size = get_rank(), get_world_size()
         get_rank()  # a second call warns no more
         main = is_main_process()
-    return ran, _RAN, rank, size, main, [str(w.message) for w in caught if w.category is RankConflictWarning]
+        peers = (lightning.rank_zero_only(lambda: True, default=False)(),
+                 accelerate.on_main_process(lambda: True)() is True, detectron2.is_main_process(),
+                 mmengine.is_main_process())
+    lines = [str(w.message) for w in caught if w.category is RankConflictWarning]
+    return ran, _RAN, rank, size, main and all(peers) if main else main or any(peers), lines
 
 
 @pytest.mark.timeout(60)
 def test_rank_zero_code_runs_only_where_every_rank_variable_says_zero():
     # Each scenario is its own process, with only its variables set.
     results = run_world(_rank_zero_scenario, len(RANK_ZERO), backend=None, timeout=45)
+    # main: is_main_process() and the compat modules' rank-zero helpers (lightning, accelerate, detectron2,
+    # mmengine) all agree with rank_zero_only
     for (env, rank, size, runs, warning), (ran, log, got_rank, got_size, main, lines) in zip(RANK_ZERO, results):
         assert (ran, log, main) == (("saved", ["saved"], True) if runs else ("skipped", [], False)), env
         assert (got_rank, got_size) == (rank, size), env
