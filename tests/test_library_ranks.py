@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 import ddpdoctor.training as lib
+from ddpdoctor.compat import accelerate, detectron2, lightning, mmengine
 from ddpdoctor.training import (RankConflictWarning, get_local_rank, get_local_world_size, get_node_rank, get_rank,
                             get_world_size, is_distributed, is_main_process, rank_info)
 from worlds import run_world
@@ -206,8 +207,6 @@ def _rank_zero_scenario(index, world):
             del os.environ[name]
     os.environ.update(env)
     sys.argv = ["train.py"]
-    from ddpdoctor.compat import accelerate, detectron2, lightning, mmengine
-
     lightning.rank_zero_only.rank = lightning._fabric_rank()  # what Fabric computes at import in this environment
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
