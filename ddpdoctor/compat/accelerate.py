@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from ddpdoctor.compat.collection import flat_leaves, map_leaves
 from ddpdoctor.compat.exchange import broadcast_into
 from ddpdoctor.compat.mismatch import as_builtin
 from ddpdoctor.training import (CollectiveMismatchError, broadcast_object, get_local_rank, get_rank, get_world_size,
@@ -65,23 +66,6 @@ def _initialized(what: str = "this call") -> bool:
         return True
     require_process_group(what)
     return False
-
-
-def _map(data: Any, leaf: Callable[[Any], Any]) -> Any:
-    """accelerate's ``recursively_apply`` over dicts, lists, tuples and namedtuples."""
-    if isinstance(data, dict):
-        return type(data)((k, _map(v, leaf)) for k, v in data.items())
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(_map(v, leaf) for v in data))
-    if isinstance(data, (list, tuple)):
-        return type(data)(_map(v, leaf) for v in data)
-    return leaf(data)
-
-
-def _flat(data: Any) -> list[Any]:
-    out: list[Any] = []
-    _map(data, out.append)
-    return out
 
 
 def _unsupported(func: str) -> Callable[[Any], Any]:
@@ -140,8 +124,8 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
             bad = (f"TypeError: Unsupported types ({type(x)}) passed to `_gpu_broadcast_one`. Only nested list/tuple/dicts of "
                    f"objects that are valid for `is_torch_tensor` should be passed.")
         return x
-    _map(tensor, collect)
-    shapes = _map(tensor, lambda x: list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__)
+    map_leaves(tensor, collect)
+    shapes = map_leaves(tensor, lambda x: list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__)
 
     def mismatch(table: list[Any]) -> BaseException:
         lines = "\n".join(f"  - Process {r}: {shape}" for r, shape in enumerate(table))
@@ -173,12 +157,12 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
         CollectiveTypeError: (a ``TypeError``) on every rank, when some rank's data holds a non-tensor leaf.
         CollectiveMismatchError: on every rank, when ranks pass different structures, dtypes or shapes.
     """
-    checked = _map(tensor, _unsupported("_reduce_across_processes"))
+    checked = map_leaves(tensor, _unsupported("_reduce_across_processes"))
     if not _initialized("reduce()"):
-        for leaf in _flat(checked):
+        for leaf in flat_leaves(checked):
             if isinstance(leaf, Unreducible):
                 raise leaf.error
-        return _map(tensor, lambda t: t.clone())
+        return map_leaves(tensor, lambda t: t.clone())
     summed = as_builtin(lambda: _reduce(checked, "sum"))
     world = get_world_size()
 
@@ -186,7 +170,7 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
         if reduction == "mean":
             t /= world
         return t
-    return _map(summed, finish)
+    return map_leaves(summed, finish)
 
 
 def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
@@ -205,14 +189,14 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
             nested[i] = x
             return torch.zeros(())  # a 0-d stand-in: the padding leaves it alone, as accelerate the nested tensor
         return x
-    shown = _map(tensor, hide)
+    shown = map_leaves(tensor, hide)
     if not _initialized("pad_across_processes()"):
         return tensor
     padded = as_builtin(lambda: _pad(shown, dim=dim, pad_index=pad_index, pad_first=pad_first))
     if not nested:
         return padded
     count = iter(range(1 << 62))
-    return _map(padded, lambda x: nested.get(next(count), x))
+    return map_leaves(padded, lambda x: nested.get(next(count), x))
 
 
 @contextlib.contextmanager

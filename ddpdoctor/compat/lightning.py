@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional, TypeVar, Union
 import torch
 import torch.distributed as dist
 
+from ddpdoctor.compat.collection import flat_leaves, map_leaves
 from ddpdoctor.training import barrier as _barrier
 from ddpdoctor.training.ranks import require_process_group
 from ddpdoctor.training import broadcast_object, gather, is_rank_zero, reduce
@@ -44,21 +45,8 @@ _CONVERSIONS = ((bool, torch.uint8), (int, torch.int32), (float, torch.float32))
 _OPS = {"sum": "sum", "mean": "mean", "avg": "mean", "max": "max", "min": "min"}
 
 
-def _map(data: Any, leaf: Callable[[Any], Any]) -> Any:
-    """Fabric's ``apply_to_collection`` over dicts, lists, tuples and namedtuples."""
-    if isinstance(data, dict):
-        return type(data)((k, _map(v, leaf)) for k, v in data.items())
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(_map(v, leaf) for v in data))
-    if isinstance(data, (list, tuple)):
-        return type(data)(_map(v, leaf) for v in data)
-    return leaf(data)
-
-
 def _tensor_leaves(data: Any) -> list[torch.Tensor]:
-    out: list[torch.Tensor] = []
-    _map(data, lambda x: out.append(x) if isinstance(x, torch.Tensor) else None)
-    return out
+    return [x for x in flat_leaves(data) if isinstance(x, torch.Tensor)]
 
 
 def convert_to_tensors(data: Any, device: Union[str, torch.device, None] = None) -> Any:
@@ -70,7 +58,7 @@ def convert_to_tensors(data: Any, device: Union[str, torch.device, None] = None)
         if isinstance(x, torch.Tensor) and device is not None:
             return x.to(device)
         return x
-    return _map(data, leaf)
+    return map_leaves(data, leaf)
 
 
 def _initialized(what: str = "this call") -> bool:
@@ -100,11 +88,11 @@ def all_gather(data: Any, group: Optional[Any] = None, sync_grads: bool = False)
     if not _initialized("all_gather()"):
         return data
     if sync_grads:
-        return _map(data, lambda x: gather(x.unsqueeze(0), sync_grads=True, group=group)
+        return map_leaves(data, lambda x: gather(x.unsqueeze(0), sync_grads=True, group=group)
                     if isinstance(x, torch.Tensor) else x)
     leaves = _tensor_leaves(data)
     stacked = iter(gather([t.contiguous().unsqueeze(0) for t in leaves], group=group))
-    return _map(data, lambda x: next(stacked) if isinstance(x, torch.Tensor) else x)
+    return map_leaves(data, lambda x: next(stacked) if isinstance(x, torch.Tensor) else x)
 
 
 def all_reduce(data: Any, group: Optional[Any] = None, reduce_op: Optional[Union[str, Any]] = "mean") -> Any:
