@@ -26,15 +26,13 @@ import warnings
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
-import torch.distributed as dist
 
 from ddpdoctor.compat.collection import flat_leaves, map_leaves
-from ddpdoctor.compat.exchange import broadcast_into
+from ddpdoctor.compat.exchange import broadcast_into, group_exists
 from ddpdoctor.compat.mismatch import as_builtin
 from ddpdoctor.training import (CollectiveMismatchError, broadcast_object, get_local_rank, get_rank, get_world_size,
                                 is_rank_zero)
 from ddpdoctor.training import barrier as _barrier
-from ddpdoctor.training.ranks import require_process_group
 from ddpdoctor.training import gather as _gather
 from ddpdoctor.training import gather_object as _objects
 from ddpdoctor.training import pad_across_processes as _pad
@@ -55,19 +53,6 @@ class CannotPadNestedTensorWarning(UserWarning):
     """accelerate's warning: a nested tensor is returned unpadded."""
 
 
-def _initialized(what: str = "this call") -> bool:
-    """True when a process group exists; False in a world of one.
-
-    Raises:
-        NotInitializedError: a launcher started several processes but no process group exists
-            (the peer would have made one; returning this rank's own data would be silently wrong).
-    """
-    if dist.is_available() and dist.is_initialized():
-        return True
-    require_process_group(what)
-    return False
-
-
 def _unsupported(func: str) -> Callable[[Any], Any]:
     def leaf(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
@@ -85,7 +70,7 @@ def gather(tensor: Any) -> Any:
         CollectiveTypeError: (a ``TypeError``) on every rank, when some rank's data holds a non-tensor leaf.
         CollectiveMismatchError: on every rank, when ranks pass different structures, dtypes or shapes beyond dim 0.
     """
-    if not _initialized("gather()"):
+    if not group_exists("gather()"):
         return tensor
     return as_builtin(lambda: _gather(tensor))
 
@@ -96,7 +81,7 @@ def gather_object(object: Any) -> Any:
     Raises:
         TypeError: on every rank, when some rank's ``object`` is not iterable (accelerate's own error).
     """
-    if not _initialized("gather_object()"):
+    if not group_exists("gather_object()"):
         return object
     parts = _objects(object)
     assert parts is not None
@@ -111,7 +96,7 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
             accelerate's debug mode checks; without it accelerate hangs or corrupts).
         CollectiveTypeError: on every rank, when some rank's data holds a non-tensor leaf.
     """
-    if not _initialized("broadcast()"):
+    if not group_exists("broadcast()"):
         return tensor
     leaves: list[torch.Tensor] = []
     bad: Optional[str] = None
@@ -140,7 +125,7 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
 
 def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
     """accelerate's ``broadcast_object_list``: ``object_list`` replaced in place by ``from_process``'s, and returned."""
-    if not _initialized("broadcast_object_list()"):
+    if not group_exists("broadcast_object_list()"):
         return object_list
     object_list[:] = broadcast_object(list(object_list), from_process)
     return object_list
@@ -158,7 +143,7 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
         CollectiveMismatchError: on every rank, when ranks pass different structures, dtypes or shapes.
     """
     checked = map_leaves(tensor, _unsupported("_reduce_across_processes"))
-    if not _initialized("reduce()"):
+    if not group_exists("reduce()"):
         for leaf in flat_leaves(checked):
             if isinstance(leaf, Unreducible):
                 raise leaf.error
@@ -190,7 +175,7 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
             return torch.zeros(())  # a 0-d stand-in: the padding leaves it alone, as accelerate the nested tensor
         return x
     shown = map_leaves(tensor, hide)
-    if not _initialized("pad_across_processes()"):
+    if not group_exists("pad_across_processes()"):
         return tensor
     padded = as_builtin(lambda: _pad(shown, dim=dim, pad_index=pad_index, pad_first=pad_first))
     if not nested:
@@ -288,7 +273,7 @@ def synchronize_rng_state(rng_type: Optional[str] = None, generator: Optional[to
         state = generator.get_state()
     else:
         raise NotImplementedError(f"synchronize_rng_state({name!r}): this device's random state is not supported here")
-    if _initialized("synchronize_rng_state()"):
+    if group_exists("synchronize_rng_state()"):
         state = broadcast_object(state, 0)
     if name == "torch":
         torch.set_rng_state(state)
@@ -321,7 +306,7 @@ def check_trigger() -> bool:
     global _flag
     if _flag is None:
         _flag = torch.tensor(0)
-    total = _reduce(_flag, "sum") if _initialized("check_trigger()") else _flag
+    total = _reduce(_flag, "sum") if group_exists("check_trigger()") else _flag
     if total.item() >= 1:
         _flag = torch.tensor(0)
         return True
@@ -339,7 +324,7 @@ def join_uneven_inputs(joinables: Sequence[Any], even_batches: Optional[bool] = 
     if even_batches is not None:
         warnings.warn("join_uneven_inputs(even_batches=...) has no effect here: there are no accelerate data "
                       "loaders to change; build uneven DataLoaders yourself", UserWarning, stacklevel=3)
-    if _initialized("join_uneven_inputs()") and get_world_size() > 1:
+    if group_exists("join_uneven_inputs()") and get_world_size() > 1:
         from torch.distributed.algorithms.join import Join
 
         with Join(list(joinables), enable=True, throw_on_early_termination=False):

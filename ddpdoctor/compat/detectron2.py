@@ -21,8 +21,8 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from ddpdoctor.compat.exchange import group_exists
 from ddpdoctor.training import barrier, gather_object, is_rank_zero, reduce
-from ddpdoctor.training.ranks import require_process_group
 
 __all__ = ["all_gather", "gather", "reduce_dict", "shared_random_seed", "synchronize", "is_main_process",
            "get_rank", "get_world_size"]
@@ -38,10 +38,7 @@ def _alone(what: str) -> bool:
     Raises:
         NotInitializedError: a launcher started several processes but no process group exists.
     """
-    if _on():
-        return dist.get_world_size() == 1
-    require_process_group(what)
-    return True
+    return not group_exists(what) or dist.get_world_size() == 1
 
 
 def get_world_size() -> int:

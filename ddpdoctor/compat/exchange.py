@@ -11,13 +11,27 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Sequence
 
 import torch
+import torch.distributed as dist
 
 from ddpdoctor.compat.mismatch import CollectiveTypeError, CollectiveValueError
 from ddpdoctor.training import gather_object
 from ddpdoctor.training.agreement import group_ranks
-from ddpdoctor.training.ranks import get_rank
+from ddpdoctor.training.ranks import get_rank, require_process_group
 
-__all__ = ["broadcast_into"]
+__all__ = ["broadcast_into", "group_exists"]
+
+
+def group_exists(what: str) -> bool:
+    """True when a process group exists; False in a world of one, where the peers' helpers return at once.
+
+    Raises:
+        NotInitializedError: a launcher started several processes but no process group exists (the
+            peer would have made one; returning this rank's own data would be silently wrong).
+    """
+    if dist.is_available() and dist.is_initialized():
+        return True
+    require_process_group(what)
+    return False
 
 
 def broadcast_into(leaves: Sequence[torch.Tensor], shapes: Any, bad: Optional[str], src: int, *, group: Any = None,

@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import random
 import warnings
 from typing import Any, Callable, Optional, TypeVar, Union
 
@@ -25,9 +24,10 @@ import torch
 import torch.distributed as dist
 
 from ddpdoctor.compat.collection import flat_leaves, map_leaves
+from ddpdoctor.compat.exchange import group_exists
 from ddpdoctor.training import barrier as _barrier
-from ddpdoctor.training.ranks import require_process_group
 from ddpdoctor.training import broadcast_object, gather, is_rank_zero, reduce
+from ddpdoctor.training import seed_everything as _seed_everything
 from ddpdoctor.training.ranks import get_rank
 
 __all__ = ["all_gather", "all_reduce", "broadcast", "barrier", "seed_everything", "reset_seed", "rank_zero_only",
@@ -61,19 +61,6 @@ def convert_to_tensors(data: Any, device: Union[str, torch.device, None] = None)
     return map_leaves(data, leaf)
 
 
-def _initialized(what: str = "this call") -> bool:
-    """True when a process group exists; False in a world of one.
-
-    Raises:
-        NotInitializedError: a launcher started several processes but no process group exists
-            (the peer would have made one; returning this rank's own data would be silently wrong).
-    """
-    if dist.is_available() and dist.is_initialized():
-        return True
-    require_process_group(what)
-    return False
-
-
 def all_gather(data: Any, group: Optional[Any] = None, sync_grads: bool = False) -> Any:
     """Fabric's ``all_gather``: each tensor leaf stacked over the ranks, ``[world, *shape]``.
 
@@ -85,7 +72,7 @@ def all_gather(data: Any, group: Optional[Any] = None, sync_grads: bool = False)
             shapes (Fabric hangs or pairs the wrong tensors there).
     """
     data = convert_to_tensors(data)
-    if not _initialized("all_gather()"):
+    if not group_exists("all_gather()"):
         return data
     if sync_grads:
         return map_leaves(data, lambda x: gather(x.unsqueeze(0), sync_grads=True, group=group)
@@ -108,7 +95,7 @@ def all_reduce(data: Any, group: Optional[Any] = None, reduce_op: Optional[Union
     """
     op = _op_name(reduce_op)
     data = convert_to_tensors(data)
-    if not _initialized("all_reduce()"):
+    if not group_exists("all_reduce()"):
         return data
     leaves = _tensor_leaves(data)
     reduced = reduce(leaves, "sum" if op == "mean" else op, group=group)
@@ -137,7 +124,7 @@ def _op_name(reduce_op: Any) -> str:
 
 def broadcast(obj: Any, src: int = 0) -> Any:
     """Fabric's ``broadcast``: ``src``'s picklable ``obj`` on every rank (``obj`` itself in a world of one)."""
-    if not _initialized("broadcast()"):
+    if not group_exists("broadcast()"):
         return obj
     return broadcast_object(obj, src)
 
@@ -176,15 +163,7 @@ def seed_everything(seed: Optional[int] = None, workers: bool = False, verbose: 
         raise ValueError(f"{seed} is not in bounds, numpy accepts from {min_seed_value} to {max_seed_value}")
     if verbose:
         logger.info("[rank: %s] Seed set to %s", get_rank(), seed)
-    os.environ["PL_GLOBAL_SEED"] = str(seed)
-    random.seed(seed)
-    try:
-        import numpy as np
-    except ImportError:
-        pass
-    else:
-        np.random.seed(seed)
-    torch.manual_seed(seed)
+    _seed_everything(seed)  # random, NumPy, torch; and PL_GLOBAL_SEED
     os.environ["PL_SEED_WORKERS"] = f"{int(workers)}"
     return seed
 

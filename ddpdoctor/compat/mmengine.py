@@ -25,7 +25,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from ddpdoctor.compat.exchange import broadcast_into
+from ddpdoctor.compat.exchange import broadcast_into, group_exists
 from ddpdoctor.compat.mismatch import as_builtin
 from ddpdoctor.training import CollectiveMismatchError, broadcast_object
 from ddpdoctor.training import barrier as _barrier
@@ -36,7 +36,6 @@ from ddpdoctor.training import get_rank as _get_rank
 from ddpdoctor.training import get_world_size as _get_world_size
 from ddpdoctor.training import is_rank_zero
 from ddpdoctor.training import reduce as _reduce
-from ddpdoctor.training.ranks import require_process_group
 
 __all__ = ["all_reduce", "all_reduce_dict", "broadcast", "broadcast_object_list", "gather", "gather_object",
            "all_gather", "all_gather_object", "collect_results", "init_local_group", "get_local_group",
@@ -61,10 +60,7 @@ def _alone(group: Optional[Any], what: str) -> bool:
         NotInitializedError: a launcher started several processes but no process group exists
             (mmengine would do nothing and leave each rank with its own data: silently wrong).
     """
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(group) == 1
-    require_process_group(what)
-    return True
+    return not group_exists(what) or dist.get_world_size(group) == 1
 
 
 def get_rank(group: Optional[Any] = None) -> int:
