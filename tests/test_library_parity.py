@@ -7,6 +7,7 @@ library itself.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 
@@ -354,6 +355,7 @@ def _compat_lightning(rank, world, out):
     out["L.int_mean"] = L.all_reduce(torch.tensor([rank, 7], dtype=torch.int64))
     out["L.coll_sum"] = L.all_reduce({"i": rank + 1, "s": "x", "b": rank == 0}, reduce_op="sum")
     out["L.max"] = L.all_reduce(torch.tensor([rank]), reduce_op=dist.ReduceOp.MAX)
+    out["L.product"] = L.all_reduce(torch.tensor([rank + 1, 2]), reduce_op="PRODUCT")
     out["L.bad_op"] = _outcome(lambda: L.all_reduce(torch.zeros(1), reduce_op="median"))
     out["L.bcast"] = L.broadcast({"from": rank}, src=world - 1)
     L.barrier("after-broadcast")
@@ -570,7 +572,8 @@ def test_compat_modules_behave_as_the_peers_tests_assert(world, tmp_path):
         cs = out["L.coll_sum"]
         assert cs["i"].item() == sum(range(1, world + 1)) and cs["s"] == "x" and cs["b"].item() == 1
         assert out["L.max"].tolist() == [world - 1]
-        assert out["L.bad_op"][:2] == ("raised", "ValueError")
+        assert out["L.product"].tolist() == [math.factorial(world), 2 ** world]
+        assert out["L.bad_op"][:2] == ("raised", "AttributeError")
         assert out["L.bcast"] == {"from": world - 1}
         value, warned = out["L.seed_none"]
         assert value == 0 and warned == ([("UserWarning", "No seed found, seed set to 0")] if rank == 0 else [])
@@ -614,12 +617,10 @@ def test_compat_modules_behave_as_the_peers_tests_assert(world, tmp_path):
         assert out["M.sum"][0] is None and out["M.sum"][1].tolist() == [sum(range(1, world + 1)), 2 * world]
         assert out["M.mean"].tolist() == [sum(range(world)) / world, 3.0]
         assert out["M.max"].tolist() == [world, 4] and out["M.min"].tolist() == [1, 4]
-        prod = 1
         bor = 0
         for r in range(world):
-            prod *= r + 1
             bor |= r + 1
-        assert out["M.product"].tolist() == [prod, 4 ** world] and out["M.bor"].tolist() == [bor, 4]
+        assert out["M.product"].tolist() == [math.factorial(world), 4 ** world] and out["M.bor"].tolist() == [bor, 4]
         int_mean, data = out["M.int_mean"]
         assert int_mean == ("ok", None) and data.tolist() == [int(sum(range(1, world + 1)) / world)]
         assert out["M.bcast"][0] is None and out["M.bcast"][1].tolist() == [world - 1] * 2

@@ -8,17 +8,40 @@ the same table and either copies ``src``'s values or raises the same error.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
-from ddpdoctor.compat.mismatch import CollectiveTypeError, CollectiveValueError
-from ddpdoctor.training import gather_object
+from ddpdoctor.compat.mismatch import CollectiveTypeError, CollectiveValueError, as_builtin
+from ddpdoctor.training import gather, gather_object, reduce
 from ddpdoctor.training.agreement import group_ranks
 from ddpdoctor.training.ranks import get_rank, require_process_group
 
-__all__ = ["broadcast_into", "group_exists"]
+__all__ = ["REDUCTIONS", "broadcast_into", "group_exists", "reduced"]
+
+#: torch's ReduceOp names, lower case, as Fabric and mmengine spell them (mean: a sum the caller divides).
+REDUCTIONS = ("sum", "mean", "max", "min", "product", "band", "bor", "bxor")
+_BITWISE = {"band": torch.bitwise_and, "bor": torch.bitwise_or, "bxor": torch.bitwise_xor}
+
+
+def reduced(tensors: Sequence[torch.Tensor], op: str, *, group: Any = None) -> list[torch.Tensor]:
+    """Each tensor reduced over the ranks with ``op`` (one of :data:`REDUCTIONS`; ``"mean"`` gives the sum).
+
+    Sum, max and min take ddpdoctor's ``reduce`` (exact integer sums); product and the bitwise ones
+    gather the ranks' tensors (every rank passes the same shapes) and combine them in rank order.
+
+    Raises:
+        CollectiveMismatchError: on every rank, when ranks pass different shapes or dtypes (a
+            ``TypeError`` as well when some rank's input is not a tensor).
+    """
+    if op in ("sum", "mean", "max", "min"):
+        return list(as_builtin(lambda: reduce(list(tensors), "sum" if op == "mean" else op, group=group)))
+    stacked = as_builtin(lambda: gather([t.unsqueeze(0) for t in tensors], group=group))
+    if op == "product":
+        return [s.prod(dim=0) for s in stacked]
+    return [functools.reduce(_BITWISE[op], s.unbind(0)) for s in stacked]
 
 
 def group_exists(what: str) -> bool:

@@ -24,9 +24,9 @@ import torch
 import torch.distributed as dist
 
 from ddpdoctor.compat.collection import flat_leaves, map_leaves
-from ddpdoctor.compat.exchange import group_exists
+from ddpdoctor.compat.exchange import REDUCTIONS, group_exists, reduced
 from ddpdoctor.training import barrier as _barrier
-from ddpdoctor.training import broadcast_object, gather, is_rank_zero, reduce
+from ddpdoctor.training import broadcast_object, gather, is_rank_zero
 from ddpdoctor.training import seed_everything as _seed_everything
 from ddpdoctor.training.ranks import get_rank
 
@@ -42,7 +42,6 @@ min_seed_value = 0
 
 # Fabric's CONVERSION_DTYPES: bool first (a bool is an int), bool -> uint8 because NCCL has no bool.
 _CONVERSIONS = ((bool, torch.uint8), (int, torch.int32), (float, torch.float32))
-_OPS = {"sum": "sum", "mean": "mean", "avg": "mean", "max": "max", "min": "min"}
 
 
 def _tensor_leaves(data: Any) -> list[torch.Tensor]:
@@ -85,22 +84,23 @@ def all_gather(data: Any, group: Optional[Any] = None, sync_grads: bool = False)
 def all_reduce(data: Any, group: Optional[Any] = None, reduce_op: Optional[Union[str, Any]] = "mean") -> Any:
     """Fabric's ``all_reduce``: each tensor leaf reduced in place over the ranks and returned.
 
-    ``reduce_op``: ``"mean"`` (default, also ``"avg"``), ``"sum"``, ``"max"``, ``"min"`` or the
-    matching ``torch.distributed.ReduceOp``. Numbers become new tensors first (so a Python number
-    comes back as a tensor); other leaves come back as they are.
+    ``reduce_op``: ``"mean"`` (default, also ``"avg"``), ``"sum"``, ``"max"``, ``"min"``,
+    ``"product"``, ``"band"``, ``"bor"``, ``"bxor"`` (any case), or the matching
+    ``torch.distributed.ReduceOp``. Numbers become new tensors first (so a Python number comes back
+    as a tensor); other leaves come back as they are.
 
     Raises:
-        ValueError: an unknown ``reduce_op``, on every rank alike before any exchange.
+        AttributeError: an unknown ``reduce_op`` (Fabric's ``getattr(ReduceOp, ...)``), on every
+            rank alike before any exchange.
         CollectiveMismatchError: on every rank, when ranks pass different structures, dtypes or shapes.
     """
-    op = _op_name(reduce_op)
     data = convert_to_tensors(data)
     if not group_exists("all_reduce()"):
         return data
+    op = _op_name(reduce_op)
     leaves = _tensor_leaves(data)
-    reduced = reduce(leaves, "sum" if op == "mean" else op, group=group)
     world = dist.get_world_size(group)
-    for t, r in zip(leaves, reduced):
+    for t, r in zip(leaves, reduced(leaves, op, group=group)):
         if op == "mean":
             # Fabric: all_reduce(SUM) in place, then copy_(result / world) for integers, div_ for floats.
             t.copy_(r / world) if not torch.is_floating_point(t) else t.copy_(r).div_(world)
@@ -110,16 +110,18 @@ def all_reduce(data: Any, group: Optional[Any] = None, reduce_op: Optional[Union
 
 
 def _op_name(reduce_op: Any) -> str:
+    """Fabric's reading of ``reduce_op``: "mean"/"avg" or a ReduceOp name in any case, or a ReduceOp."""
     if reduce_op is None:
-        return "sum"  # Fabric's _sync_ddp passes None through to torch's default, SUM
+        return "sum"  # Fabric's _sync_ddp passes None on to torch's default, SUM
     if isinstance(reduce_op, str):
-        name = reduce_op.lower()
+        name = "mean" if reduce_op.lower() in ("mean", "avg") else reduce_op.lower()
     else:
-        name = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.MAX: "max", dist.ReduceOp.MIN: "min",
-                getattr(dist.ReduceOp, "AVG", None): "mean"}.get(reduce_op, repr(reduce_op))
-    if name not in _OPS:
-        raise ValueError(f"all_reduce(reduce_op={reduce_op!r}): use 'mean', 'sum', 'max' or 'min'")
-    return _OPS[name]
+        name = {getattr(dist.ReduceOp, n.upper(), None): n for n in REDUCTIONS if n != "mean"}.get(reduce_op, "")
+        name = "mean" if reduce_op == getattr(dist.ReduceOp, "AVG", object()) else name
+    if name not in REDUCTIONS:
+        raise AttributeError(f"all_reduce(reduce_op={reduce_op!r}): torch.distributed.ReduceOp has no such operation; "
+                             f"use 'mean', {', '.join(repr(n) for n in REDUCTIONS if n != 'mean')}")
+    return name
 
 
 def broadcast(obj: Any, src: int = 0) -> Any:

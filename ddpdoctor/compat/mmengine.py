@@ -19,13 +19,12 @@ Deliberately different, because mmengine hangs, misaligns or corrupts there:
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 
-from ddpdoctor.compat.exchange import broadcast_into, group_exists
+from ddpdoctor.compat.exchange import REDUCTIONS, broadcast_into, group_exists, reduced
 from ddpdoctor.compat.mismatch import as_builtin
 from ddpdoctor.training import CollectiveMismatchError, broadcast_object
 from ddpdoctor.training import barrier as _barrier
@@ -35,14 +34,11 @@ from ddpdoctor.training import gather_object as _objects
 from ddpdoctor.training import get_rank as _get_rank
 from ddpdoctor.training import get_world_size as _get_world_size
 from ddpdoctor.training import is_rank_zero
-from ddpdoctor.training import reduce as _reduce
 
 __all__ = ["all_reduce", "all_reduce_dict", "broadcast", "broadcast_object_list", "gather", "gather_object",
            "all_gather", "all_gather_object", "collect_results", "init_local_group", "get_local_group",
            "get_local_size", "get_local_rank", "get_rank", "get_world_size", "is_main_process", "barrier"]
 
-_OPS = ("sum", "mean", "max", "min", "product", "band", "bor", "bxor")
-_BITWISE = {"band": torch.bitwise_and, "bor": torch.bitwise_or, "bxor": torch.bitwise_xor}
 _LOCAL_GROUP: Optional[Any] = None
 
 
@@ -88,21 +84,14 @@ def all_reduce(data: torch.Tensor, op: str = "sum", group: Optional[Any] = None)
         ValueError: an unknown ``op``.
         CollectiveMismatchError: on every rank, when ranks pass different shapes or dtypes.
     """
-    name = op.lower() if isinstance(op, str) else op
-    if name not in _OPS:
-        raise ValueError(f"all_reduce(op={op!r}): use one of {', '.join(_OPS)}")
     if _alone(group, "all_reduce()"):
         return
-    if name in ("sum", "mean", "max", "min"):
-        reduced = as_builtin(lambda: _reduce(data, "sum" if name == "mean" else name, group=group))
-        # mmengine: true_divide into a new tensor, then copied back into data (an integer mean truncates)
-        data.copy_(torch.true_divide(reduced, get_world_size(group)) if name == "mean" else reduced)
-        return
-    stacked = as_builtin(lambda: _gather(data.unsqueeze(0), group=group))
-    if name == "product":
-        data.copy_(stacked.prod(dim=0))
-    else:
-        data.copy_(functools.reduce(_BITWISE[name], stacked.unbind(0)))
+    name = op.lower() if isinstance(op, str) else op
+    if name not in REDUCTIONS:
+        raise ValueError(f"reduce op should be one of {', '.join(REDUCTIONS)}, but got {op!r}")
+    result = reduced([data], name, group=group)[0]
+    # mmengine: true_divide into a new tensor, then copied back into data (an integer mean truncates)
+    data.copy_(torch.true_divide(result, get_world_size(group)) if name == "mean" else result)
 
 
 def all_reduce_dict(data: dict[str, torch.Tensor], op: str = "sum", group: Optional[Any] = None) -> None:
