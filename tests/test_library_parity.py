@@ -531,6 +531,11 @@ def _compat_detectron2(rank, world, out):
     out["D.main"] = D.is_main_process()
     # torchmetrics tests/unittests/bases/test_ddp.py _test_ddp_gather_all_tensors_uneven, any dims
     out["T.uneven"] = [tuple(t.shape) for t in T.gather_all_tensors(torch.ones(rank + 1, world - rank))]
+    # where the peers hang or pair the wrong calls: every rank raises, and the next call is still aligned
+    out["D.dst_differs"] = _outcome(lambda: D.gather(rank, dst=rank % 2))
+    out["T.dtype_differs"] = _outcome(lambda: T.gather_all_tensors(torch.ones(2, dtype=torch.float64 if rank else
+                                                                           torch.float32)))
+    out["after"] = D.all_gather(rank)
 
 
 def _compat(rank, world):
@@ -646,6 +651,8 @@ def test_compat_modules_behave_as_the_peers_tests_assert(world, tmp_path):
         assert list(rd) == ["a", "b"] and rd["a"].item() == 1.0 and rd["b"].item() == sum(range(world)) / world
         assert out["D.main"] is (rank == 0)
         assert out["T.uneven"] == [(r + 1, world - r) for r in range(world)]
+        assert _mismatch(out["D.dst_differs"]) and _mismatch(out["T.dtype_differs"])
+        assert out["after"] == list(range(world))
     assert len({out["D.seed"] for out in results}) == 1
 
 
