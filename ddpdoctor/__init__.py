@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _LIBRARY = (
     "get_rank", "get_world_size", "get_local_rank", "get_local_world_size", "get_node_rank", "is_distributed",
-    "is_main_process", "rank_info", "rank_device", "RankInfo", "RankConflictWarning", "NotInitializedError",
+    "is_main_process", "is_rank_zero", "rank_info", "rank_device", "RankInfo", "RankConflictWarning", "NotInitializedError",
     "barrier", "wait_for_everyone", "synchronize", "zero_first", "main_process_first", "rank_zero_first",
     "rank_zero_only", "print0", "rank_zero_print", "seed_everything", "broadcast_object", "ZeroFirstError",
     "BarrierTimeoutError", "gather", "all_gather", "gather_object", "gather_for_metrics", "collect_results",

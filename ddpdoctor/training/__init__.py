@@ -21,12 +21,12 @@ from ddpdoctor.training.ordering import (BarrierTimeoutError, ZeroFirstError, ba
 from ddpdoctor.training.teardown import exit_now
 from ddpdoctor.training.ranks import (NotInitializedError, RankConflictWarning, RankInfo, get_local_rank,
                                   get_local_world_size, get_node_rank, get_rank, get_world_size, is_distributed,
-                                  is_main_process, rank_device, rank_info)
+                                  is_main_process, is_rank_zero, rank_device, rank_info)
 
 __all__ = [
     # ranks
     "get_rank", "get_world_size", "get_local_rank", "get_local_world_size", "get_node_rank",
-    "is_distributed", "is_main_process", "rank_info", "rank_device", "RankInfo", "RankConflictWarning",
+    "is_distributed", "is_main_process", "is_rank_zero", "rank_info", "rank_device", "RankInfo", "RankConflictWarning",
     "NotInitializedError",
     # coordination
     "barrier", "wait_for_everyone", "synchronize", "zero_first", "main_process_first", "rank_zero_first",

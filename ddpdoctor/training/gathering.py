@@ -1059,3 +1059,7 @@ class _Unreducible:
 
     def __init__(self, error: BaseException) -> None:
         self.error = error
+
+
+#: For callers that must take part in a helper's exchange with an input they know is bad (ddpdoctor.compat).
+Unreducible = _Unreducible

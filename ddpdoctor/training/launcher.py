@@ -18,7 +18,11 @@ from typing import Mapping, Optional, Sequence
 
 from ddpdoctor.errors import LauncherError
 
-__all__ = ["LaunchInfo", "detect", "expand_hostlist", "derive_port"]
+__all__ = ["LaunchInfo", "GLOBAL_RANK_VARIABLES", "detect", "expand_hostlist", "derive_port", "rank_claims"]
+
+#: Every variable a launcher sets to the global rank, in the order :func:`detect` reads them when no
+#: launcher is complete (a rank variable without its world size): torchrun, Slurm, Open MPI, PMI, LSF's jsrun.
+GLOBAL_RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "JSM_NAMESPACE_RANK")
 
 # (variable for rank, world size, local rank, local world size, node rank) per launcher.
 _SOURCES: dict[str, dict[str, str]] = {
@@ -69,6 +73,8 @@ class LaunchInfo:
         sources: field name -> the variable it came from (``"default"`` when none).
         conflicts: one line per disagreement between sources (RANK != SLURM_PROCID, ...).
         problems: one line per invalid value; :func:`detect` raises on these when ``strict``.
+        rank_conflicts: the lines of ``conflicts`` that concern the global rank (stale or lone rank
+            variables); ``get_rank()`` warns about these once each.
     """
 
     launcher: Optional[str]
@@ -82,6 +88,7 @@ class LaunchInfo:
     sources: Mapping[str, str] = field(default_factory=dict)
     conflicts: tuple[str, ...] = ()
     problems: tuple[str, ...] = ()
+    rank_conflicts: tuple[str, ...] = ()
 
     @property
     def is_launched(self) -> bool:
@@ -248,6 +255,12 @@ def detect(
             if values["local_rank"] is not None:
                 sources["local_rank"] = "--local_rank"
     else:
+        lone = _lone_rank(env, problems)
+        if lone is not None:
+            # A rank variable without its world size (RANK alone, SLURM_PROCID outside a job step,
+            # JSM_NAMESPACE_RANK): it still names this process's rank, so rank-zero code must not
+            # run here as if it were rank 0. Nothing names the world size: it stays 1.
+            values["rank"], sources["rank"] = lone[1], lone[0]
         legacy = _legacy_local_rank(argv)
         if legacy is not None or "LOCAL_RANK" in env:
             launcher = "legacy" if legacy is not None else None
@@ -295,6 +308,10 @@ def detect(
             )
 
     conflicts = _conflicts(env, launcher, info_values, problems, sources)
+    rank_lines = [line for line in conflicts if line.split("=", 1)[0] in GLOBAL_RANK_VARIABLES + ("rank",)]
+    if launcher in (None, "legacy"):
+        rank_lines = _lone_conflicts(env, sources["rank"], info_values["rank"])
+        conflicts = rank_lines + conflicts
     master_addr, master_port = _master(env, launcher, problems)
     if strict and problems:
         message, _, hint = problems[0].partition("; ")
@@ -306,8 +323,45 @@ def detect(
         sources=sources,
         conflicts=tuple(conflicts),
         problems=tuple(problems),
+        rank_conflicts=tuple(rank_lines),
         **info_values,
     )
+
+
+def rank_claims(environ: Optional[Mapping[str, str]] = None) -> list[tuple[str, Optional[int]]]:
+    """Every global rank variable that is set, with its value (None when it is not a whole number >= 0).
+
+    In :data:`GLOBAL_RANK_VARIABLES` order. Rank-zero code runs only when every claim (and the process
+    group, once it exists) says 0; an unreadable value is never taken for 0.
+    """
+    env = os.environ if environ is None else environ
+    scratch: list[str] = []
+    return [(var, _parse_int(env, var, scratch)) for var in GLOBAL_RANK_VARIABLES if (env.get(var) or "").strip()]
+
+
+def _lone_rank(env: Mapping[str, str], problems: list[str]) -> Optional[tuple[str, int]]:
+    """The first global rank variable that is set and readable, when no launcher is complete."""
+    for var in GLOBAL_RANK_VARIABLES:
+        if (env.get(var) or "").strip():
+            value = _parse_int(env, var, [])
+            if value is not None:
+                return var, value
+    return None
+
+
+def _lone_conflicts(env: Mapping[str, str], var: str, rank: int) -> list[str]:
+    """Lines for rank variables set without a complete launcher: a lone non-zero rank, disagreeing or
+    unreadable variables (``var`` is where the rank came from, ``"default"`` when from none)."""
+    out = [f"{var}={rank} is set without its world size: get_rank() says {rank} and get_world_size() says 1; "
+           f"launch with torchrun/srun/mpirun, or unset the stale {var}"] if rank != 0 else []
+    for var_other, theirs in rank_claims(env):
+        if theirs is None:
+            out.append(f"{var_other}={env[var_other]!r} is not a rank; rank-zero code will not run in this process: "
+                       f"set it to a whole number or unset it")
+        elif var_other != var and theirs != rank:
+            out.append(f"{var}={rank} but {var_other}={theirs}; get_rank() reads {', '.join(GLOBAL_RANK_VARIABLES)} "
+                       f"in that order, so it says {rank}: unset the stale variable")
+    return out
 
 
 def _conflicts(env: Mapping[str, str], launcher: Optional[str], vals: Mapping[str, int], problems: list[str],
@@ -334,6 +388,11 @@ def _conflicts(env: Mapping[str, str], launcher: Optional[str], vals: Mapping[st
                 mine = _SOURCES[launcher][f] if launcher in _SOURCES else f
                 out.append(f"{mine}={vals[f]} but {var}={theirs}; the launcher in charge is {launcher}, "
                            f"unset the stale {var} or launch with one launcher")
+    if "JSM_NAMESPACE_RANK" in env and launcher in _SOURCES:
+        theirs = _parse_int(env, "JSM_NAMESPACE_RANK", scratch)
+        if theirs is not None and theirs != vals["rank"]:
+            out.append(f"{_SOURCES[launcher]['rank']}={vals['rank']} but JSM_NAMESPACE_RANK={theirs}; the launcher in "
+                       f"charge is {launcher}, unset the stale JSM_NAMESPACE_RANK or launch with one launcher")
     if launcher in ("torchrun",) and sources.get("local_rank") == "default":
         out.append("LOCAL_RANK is missing; each process cannot tell which GPU is its own: launch with torchrun "
                    "or set LOCAL_RANK per process")

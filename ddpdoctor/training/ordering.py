@@ -26,7 +26,7 @@ import torch.distributed as dist
 from ddpdoctor.training.agreement import DEFAULT_TIMEOUT, check_timeout, group_ranks, group_state
 from ddpdoctor.training.gathering import broadcast_object
 from ddpdoctor.training.ranks import (get_local_rank, get_local_world_size, get_node_rank, get_rank, get_world_size,
-                                  require_process_group)
+                                  is_rank_zero, require_process_group)
 from ddpdoctor.errors import DdpdoctorError
 
 __all__ = [
@@ -228,13 +228,15 @@ def rank_zero_only(fn: Optional[F] = None, *, default: Any = None) -> Any:
 
     The rank is read at each call, so decorating at import time (before the launcher or the
     process group is known) is safe. Use as ``@rank_zero_only`` or ``@rank_zero_only(default=x)``.
+    "Rank 0" is :func:`~ddpdoctor.training.ranks.is_rank_zero`'s rule: every rank variable that is
+    set, and the process group once it exists, must say 0 (``RANK=1`` alone does not run ``fn``).
     """
     if fn is None:
         return functools.partial(rank_zero_only, default=default)
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if get_rank() == 0:
+        if is_rank_zero():
             return fn(*args, **kwargs)
         return default
 
@@ -242,8 +244,8 @@ def rank_zero_only(fn: Optional[F] = None, *, default: Any = None) -> Any:
 
 
 def print0(*args: Any, **kwargs: Any) -> None:
-    """``print`` on global rank 0 only, so a message appears once per job (flushed right away)."""
-    if get_rank() == 0:
+    """``print`` on global rank 0 only (:func:`rank_zero_only`'s rule), once per job, flushed right away."""
+    if is_rank_zero():
         kwargs.setdefault("flush", True)
         builtins.print(*args, **kwargs)
 

@@ -8,6 +8,8 @@ exists, its rank and world size win. Nothing here initializes a process group or
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import warnings
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
@@ -15,7 +17,7 @@ from typing import Mapping, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from ddpdoctor.training.launcher import detect
+from ddpdoctor.training.launcher import GLOBAL_RANK_VARIABLES, detect, rank_claims
 from ddpdoctor.errors import DdpdoctorError
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "get_node_rank",
     "is_distributed",
     "is_main_process",
+    "is_rank_zero",
     "rank_info",
     "rank_device",
     "require_process_group",
@@ -73,15 +76,74 @@ def _group_initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+_WARNED: set[str] = set()
+_WARNED_LOCK = threading.Lock()
+
+
+def _warn_once(line: str) -> None:
+    """One :class:`RankConflictWarning` per distinct line per process (these are read at every call)."""
+    with _WARNED_LOCK:
+        if line in _WARNED:
+            return
+        _WARNED.add(line)
+    warnings.warn(line, RankConflictWarning, stacklevel=3)
+
+
 def get_rank() -> int:
-    """This process's global rank: from the process group if one exists, else from the launcher."""
+    """This process's global rank: from the process group if one exists, else from the launcher.
+
+    Without a process group the launcher in charge decides (torchrun, Slurm's srun, Open MPI, PMI:
+    see :func:`ddpdoctor.training.launcher.detect`). When no launcher is complete, the first of
+    ``RANK``, ``SLURM_PROCID``, ``OMPI_COMM_WORLD_RANK``, ``PMI_RANK``, ``JSM_NAMESPACE_RANK`` that is
+    set gives the rank, so ``RANK=1`` alone means rank 1, never 0. A rank variable that disagrees
+    with the one used, or a lone non-zero one, is reported once per process as a
+    :class:`RankConflictWarning` (the same lines as :func:`rank_info`). ``LOCAL_RANK`` alone is not
+    a global rank: it leaves ``get_rank()`` at 0 (see :func:`is_rank_zero`).
+    """
     if _group_initialized():
         return dist.get_rank()
-    return detect().rank
+    info = detect()
+    for line in info.rank_conflicts:
+        _warn_once(line)
+    return info.rank
+
+
+def is_rank_zero() -> bool:
+    """True only when every rank this process is told says 0: the rule for rank-zero-only code.
+
+    Every global rank variable that is set (``RANK``, ``SLURM_PROCID``, ``OMPI_COMM_WORLD_RANK``,
+    ``PMI_RANK``, ``JSM_NAMESPACE_RANK``) and the process group once it exists must say 0; an
+    unreadable value counts as not 0. A process that checkpoints or logs as rank 0 when one of them
+    says otherwise corrupts the run, so a disagreement runs nothing and warns once. When none is
+    set, ``LOCAL_RANK`` (or the legacy ``--local_rank`` argument) must be 0 too: it is not a global
+    rank (warned once), but a non-zero local rank is certainly not global rank 0.
+    """
+    claims: list[tuple[str, Optional[int]]] = list(rank_claims())
+    if _group_initialized():
+        claims.append(("the process group's rank", dist.get_rank()))
+    if not claims:
+        info = detect()
+        if info.sources.get("local_rank") in ("LOCAL_RANK", "--local_rank"):
+            _warn_once(f"{info.sources['local_rank']}={info.local_rank} is set but no global rank variable "
+                       f"({', '.join(GLOBAL_RANK_VARIABLES)}) is: a local rank is not a global rank, so rank-zero "
+                       f"code runs only where it is 0; launch with torchrun, srun or mpirun")
+            return info.local_rank == 0
+        return True
+    said = {value for _, value in claims}
+    if said != {0} and 0 in said:
+        _warn_once("rank-zero code did not run: " + ", ".join(
+            f"{name}={os.environ.get(name, '') if value is None else value}" for name, value in claims)
+            + "; they must all say 0: unset the stale variable")
+    return said == {0}
 
 
 def get_world_size() -> int:
-    """The number of processes in the job (1 when not launched)."""
+    """The number of processes in the job (1 when not launched).
+
+    When a rank variable is set without its world size (``RANK=1`` alone, ``SLURM_PROCID`` outside
+    a job step), nothing names the size, so this stays 1 while :func:`get_rank` gives that rank;
+    :func:`rank_info` and the first ``get_rank()`` warn about it.
+    """
     if _group_initialized():
         return dist.get_world_size()
     return detect().world_size
@@ -108,8 +170,8 @@ def is_distributed() -> bool:
 
 
 def is_main_process(local: bool = False) -> bool:
-    """True on global rank 0, or with ``local=True`` on local rank 0 of each node."""
-    return (get_local_rank() if local else get_rank()) == 0
+    """True on global rank 0 (:func:`is_rank_zero`'s rule), or with ``local=True`` on local rank 0 of each node."""
+    return get_local_rank() == 0 if local else is_rank_zero()
 
 
 def rank_info(environ: Optional[Mapping[str, str]] = None, argv: Optional[Sequence[str]] = None,
