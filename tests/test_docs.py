@@ -114,6 +114,7 @@ BLOCKS: list[tuple[str, str, str]] = [
     ("text", "ddpdoctor run: hung: no rank made progress for 3s\n  Flight Recorder:",
      "test:test_run_recorder.py::test_hang_through_ddps_reducer_against_a_barrier_leads_with_the_collective"),
     ("text", "--- rank 1 (pid 81240), read with handler", "test:test_stacks.py::test_stacks_of_a_live_torchrun_job"),
+    ("python", "from ddpdoctor.compat.lightning import all_gather", "real:compat-imports"),
 ]
 
 # The real runs of this file, by name (each is one test below).
@@ -123,6 +124,7 @@ REAL = {
     "explain": "test_explain_block_is_what_explain_prints_for_the_example_log",
     "architecture-tree": "test_architecture_tree_names_only_what_exists",
     "pods": "test_kubernetes_pods_run_the_preflight_then_the_job",
+    "compat-imports": "test_compat_imports_block_imports_what_it_names",
 }
 
 
@@ -551,3 +553,10 @@ def test_architecture_tree_names_only_what_exists():
         assert path.exists(), f"the architecture tree names {name}, which is not at {path}"
         named += 1
     assert named >= 12, named
+
+
+def test_compat_imports_block_imports_what_it_names():
+    """The library page's ``ddpdoctor.compat`` block runs as written (every name it imports exists)."""
+    namespace: dict = {}
+    exec(compile(_block("from ddpdoctor.compat.lightning import all_gather"), "docs/library.md", "exec"), namespace)
+    assert callable(namespace["gather_all_tensors"]) and callable(namespace["collect_results"])
