@@ -24,6 +24,7 @@ CASES = score.load_cases()
 def test_set_shape():
     assert len(CASES) >= 50
     assert len({c["source"] for c in CASES}) == len(CASES), "one log per thread"
+    assert {c["added"] for c in CASES} <= {"first", "late"}
     halves = [c["half"] for c in CASES]
     assert set(halves) == {"dev", "heldout"} and abs(halves.count("dev") - halves.count("heldout")) <= 1
     for case in CASES:
@@ -32,6 +33,15 @@ def test_set_shape():
         text = score.read_log(case)
         assert text.strip(), case["file"]
         assert not re.search(r"\b(?:\d{1,3}\.){3}\d{1,3}\b", text), f"{case['file']}: an address left in"
+
+
+def test_no_thread_of_the_older_corpus():
+    """The set measures explain on threads it was not written from (issue 25)."""
+    old_table = os.path.join(os.path.dirname(os.path.abspath(__file__)), "explain_corpus", "cases.tsv")
+    with open(old_table, encoding="utf-8") as f:
+        old = {line.split("\t")[8].replace("#", "/") for line in f.read().splitlines()[1:]}
+    ours = {re.sub(r"https://github\.com/|/(?:issues|pull)(?=/)", "", c["source"]) for c in CASES}
+    assert not ours & old
 
 
 def _m(cid, candidates=()):
