@@ -1,7 +1,7 @@
 """The set of real logs from public issue threads (tests/data/explain_realworld, issue 25): its shape, the
 judge's rules, and that the development half does not regress.
 
-The held-out half is scored by ``python tests/data/explain_realworld/score.py --heldout``, once, when the
+The held-out half is scored by ``python tests/data/explain_realworld/realworld_score.py --heldout``, once, when the
 work for issue 25 is done; the test only checks that it is there, labelled and unchanged in size.
 """
 
@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "explain_realworld"))
 
-import score  # noqa: E402
+import realworld_score as score  # noqa: E402
 
 CASES = score.load_cases()
 

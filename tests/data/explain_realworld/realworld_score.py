@@ -1,8 +1,8 @@
 """Score ``ddpdoctor explain`` on real logs from public issue threads (issue 25), by the issue's judge.
 
-    python tests/data/explain_realworld/score.py            # the table: each half, then per kind
-    python tests/data/explain_realworld/score.py --cases    # one line per case
-    python tests/data/explain_realworld/score.py --heldout  # include the held-out half (score it once, at the end)
+    python tests/data/explain_realworld/realworld_score.py            # the table: each half, then per kind
+    python tests/data/explain_realworld/realworld_score.py --cases    # one line per case
+    python tests/data/explain_realworld/realworld_score.py --heldout  # include the held-out half (score it once, at the end)
 
 The logs (``logs/``) are what users pasted in the thread named in ``cases.tsv`` (user names, hosts,
 addresses removed), picked by searching for the symptom; ``expect`` is the cause the thread settled.
