@@ -20,7 +20,7 @@ The last lines say each target's measured value.
    repeated restarts) and prints CPU ms per MB (best of ``--repeat``) against the recorded baseline.
 
 Usage: python benchmarks/bench_explain.py [--sizes 10,100,1000] [--lines 10K,100K,1M,10M]
-       python benchmarks/bench_explain.py --kinds [--kind-mb 20] [--repeat 3]
+       python benchmarks/bench_explain.py --kinds [--kind-mb 20] [--repeat 3] [--against DIR]
 The logs are written to a temporary folder and deleted. Numbers are noisy on a shared machine: the
 load average is printed with them (at the start and at the end).
 """
@@ -241,8 +241,12 @@ def write_kind(path: str, kind: str, mb: int) -> None:
         f.write(FAILURE)
 
 
-def bench_kinds(mb: int, repeat: int) -> dict:
-    """CPU ms per MB of the scan for each kind (best of ``repeat`` fresh processes)."""
+def bench_kinds(mb: int, repeat: int, against: str = "") -> dict:
+    """CPU ms per MB of the scan for each kind (best of ``repeat`` fresh processes).
+
+    ``against``: a directory holding another ddpdoctor package (``git archive REV ddpdoctor | tar -x -C DIR``):
+    its scan runs alternately with this one on the same logs, and the ratio is taken against it instead
+    of the recorded baseline (the fair comparison on a machine whose load changes)."""
     tmp = tempfile.mkdtemp(prefix="bench-explain-kinds-")
     out = {}
     try:
@@ -252,10 +256,14 @@ def bench_kinds(mb: int, repeat: int) -> dict:
             path = os.path.join(tmp, f"{kind}.txt")
             write_kind(path, kind, mb)
             real_mb = os.path.getsize(path) / MB
-            docs = [run_scan(path) for _ in range(repeat)]
+            docs, others = [], []
+            for _ in range(repeat):
+                docs.append(run_scan(path))
+                if against:
+                    others.append(run_scan(path, against))
             cpu = min(d["cpu"] for d in docs) / real_mb * 1000
             wall = min(d["scan"] for d in docs) / real_mb * 1000
-            base = BASELINE_MS_PER_MB.get(kind)
+            base = min(d["cpu"] for d in others) / real_mb * 1000 if others else BASELINE_MS_PER_MB.get(kind)
             ratio = f"{cpu / base:6.2f}" if base else f"{'-':>6}"
             print(f"{kind:>11} {cpu:9.1f} {wall:10.1f} {base or 0:8.1f} {ratio}  {','.join(docs[0]['causes'])}")
             out[kind] = cpu
@@ -273,11 +281,12 @@ def write_log(path: str, mb: int) -> None:
         f.write(FAILURE)
 
 
-def run_scan(path: str) -> dict:
+def run_scan(path: str, pythonpath: str = "") -> dict:
     import json
 
     t0 = time.perf_counter()
-    p = subprocess.Popen([PY, "-c", SCAN, path], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = dict(os.environ, PYTHONPATH=pythonpath) if pythonpath else None
+    p = subprocess.Popen([PY, "-c", SCAN, path], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     _, status, usage = os.wait4(p.pid, 0)
     wall = time.perf_counter() - t0
     out, err = p.stdout.read(), p.stderr.read()  # type: ignore[union-attr]
@@ -328,10 +337,12 @@ def main() -> None:
     ap.add_argument("--kinds", action="store_true", help="only the per-kind comparison with the baseline")
     ap.add_argument("--kind-mb", type=int, default=20, help="size of each kind's log in MB")
     ap.add_argument("--repeat", type=int, default=3, help="runs per kind (the best is kept)")
+    ap.add_argument("--against", default="", help="with --kinds: a directory with another ddpdoctor package to "
+                                                  "compare with, run alternately (instead of the recorded baseline)")
     args = ap.parse_args()
     if args.kinds:
         print(f"# {_load()}; python {sys.version.split()[0]}")
-        bench_kinds(args.kind_mb, args.repeat)
+        bench_kinds(args.kind_mb, args.repeat, args.against)
         print(f"# {_load()}")
         return
     sizes = [int(s) for s in args.sizes.split(",") if s]
