@@ -107,3 +107,16 @@ def test_ddpdoctors_own_error_is_named_at_the_callers_line():
     assert m.cause.id == "ddpdoctor-desync"
     assert "Raised by your call at _desync (" in m.meaning and "test_explain_families.py:" in m.meaning
     assert "ddpdoctor/" not in m.meaning.split("Raised by your call at")[1]
+
+
+def test_an_nccl_warn_without_an_entry_is_read_by_its_source_file():
+    ib = "host:1:2 [0] transport/net_ib/connect.cc:412 NCCL WARN NET/IB : Trying to use non-existent virtual device 3\n"
+    m = _one(ib)
+    assert m.cause.id == "nccl-warn-ib" and m.candidates[0][0] == "nccl-ib-network"
+    topo = "host:1:2 [0] graph/search.cc:1135 NCCL WARN Could not find a path for pattern 1, falling back to simple order\n"
+    assert _one(topo).cause.id == "nccl-warn"
+    # beside a cause that explains the failure, the family by file steps aside
+    both = topo + "torch.distributed.DistBackendError: NCCL error: invalid usage\nDuplicate GPU detected : rank 1 and rank 0 both on CUDA device 10\n"
+    assert [x.cause.id for x in explain_text(both)] == ["duplicate-gpu"]
+    gloo = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer [10.0.0.2]:1234\n"
+    assert "gloo-enforce" not in [x.cause.id for x in explain_text(gloo)]  # a specific entry (peer-closed) has it

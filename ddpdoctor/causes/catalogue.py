@@ -197,6 +197,14 @@ CAUSES: tuple = (
           "python -c 'import torch; print(torch.__version__, torch.cuda.nccl.version())'; the log's "
           "'NCCL version' line",
           "install a PyTorch built with NCCL 2.10.3 or newer (1.10+ wheels), or reduce in float32"),
+    Cause("nccl-version-mismatch", "the ranks run different NCCL versions",
+          (r"Mismatched NCCL version detected",),
+          "NCCL compared versions at start-up and the ranks differ: nodes with different images, wheels or a "
+          "system NCCL on some nodes' LD_LIBRARY_PATH.",
+          "python -c 'import torch; print(torch.cuda.nccl.version())' on every node; the 'NCCL version' line "
+          "each rank prints with NCCL_DEBUG=INFO",
+          "install the same torch/NCCL on every node (one image, one wheel), and drop a stray libnccl from "
+          "LD_LIBRARY_PATH"),
     Cause("nccl-message-truncated", "NCCL received more bytes than the receiving rank expected",
           (r"NCCL WARN (?:NET/Socket : )?[Mm]essage truncated",),
           "A peer sent more data than this rank posted for the same operation: the ranks disagree on a "
@@ -540,7 +548,7 @@ CAUSES: tuple = (
               ("shm-too-small", "one node in a container: a shm_open/'shared memory segment' WARN or a bus "
                                 "error; df -h /dev/shm; docker run --shm-size=8g or --ipc=host"))),
     Cause("duplicate-gpu", "two ranks on the same GPU",
-          (r"Duplicate GPU detected",),
+          (r"Multiple Ranks are using the same GPU", r"Duplicate GPU detected",),
           "Two ranks use the same CUDA device: torch.cuda.set_device(local_rank) was not called (every "
           "rank uses cuda:0), or the global rank was used where the local rank belongs.",
           "ddpdoctor check --only process-group (one GPU per rank)",
@@ -628,4 +636,55 @@ CAUSES: tuple = (
           "A rank process ended by a signal, not an exception.",
           "dmesg | grep -i -e oom -e killed (SIGKILL); ddpdoctor check --only env (memory, /dev/shm)",
           "find who sent the signal: SIGKILL is often the kernel's OOM killer (dmesg | grep -i oom)"),
+    # --- issue 25: the rest of NCCL's and gloo's own messages, by the source file they name (NCCL prints
+    # "file.cc:LINE NCCL WARN", gloo "[enforce fail at gloo/...:LINE]"). Last in the table, and dropped
+    # (evidence.AREA) whenever any other cause is found: a family by subsystem, not a diagnosis.
+    Cause("nccl-warn-ib", "an NCCL warning from its InfiniBand/RoCE transport",
+          (r"(?:net_ib|ibvwrap|ibvcore|ib_plugin|ibvsymbols)[\w./-]{0,80}:\d{1,9} NCCL WARN ",),
+          "NCCL's InfiniBand/RoCE code (the file named before 'NCCL WARN') failed a verbs call or a "
+          "connection: the fabric, the NIC's settings, or the process's limits.",
+          "ibstat and show_gids on every node; ulimit -l inside the job; NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET",
+          "the fix of the candidate the WARN line fits",
+          candidates=(("nccl-ib-network", "completion errors, ibv_modify_qp, timeouts between two nodes: the "
+                                          "fabric or RoCE settings (NCCL_IB_GID_INDEX, NCCL_IB_HCA)"),
+                      ("ib-memlock", "'Cannot allocate memory' from ibv_reg_mr/create_cq: ulimit -l too low"),
+                      ("nccl-wrong-interface", "no IB device is usable here: NCCL_IB_DISABLE=1 and the socket "
+                                               "interface (NCCL_SOCKET_IFNAME) the nodes share"))),
+    Cause("nccl-warn-network", "an NCCL warning from its sockets, bootstrap or proxy",
+          (r"(?:socket|net_socket|bootstrap|proxy)[\w./-]{0,80}:\d{1,9} NCCL WARN ",),
+          "NCCL's socket, bootstrap or proxy code (the file named before 'NCCL WARN') lost or could not make "
+          "a connection to a peer: the peer exited, or the network between them refused it.",
+          "the first failing rank's own error above; NCCL_DEBUG=INFO's 'NET/Socket : Using' and 'Bootstrap : "
+          "Using' lines on every node; nc -zv between the nodes",
+          "the fix of the candidate the log fits",
+          candidates=(("peer-closed", "another rank's error or exit comes first in the log: fix that rank"),
+                      ("nccl-wrong-interface", "connections refused or timing out at start-up: the interface "
+                                               "NCCL picked; NCCL_SOCKET_IFNAME"),
+                      ("firewall", "the nodes reach each other on some ports only (nc -zv fails on NCCL's "
+                                   "ports): open the ports between the nodes or the port range"))),
+    Cause("nccl-warn-cuda", "an NCCL warning: a CUDA call inside NCCL failed",
+          (r"(?:cudawrap|alloc|mem_manager|enqueue|register|dev_runtime|init)[\w./-]{0,80}:\d{1,9} NCCL WARN ",
+           r"NCCL WARN Cuda failure"),
+          "A CUDA runtime or driver call made by NCCL failed (the CUDA error is in the message): the driver "
+          "and the CUDA NCCL was built for disagree, the GPU is in a bad state, or memory ran out.",
+          "nvidia-smi (driver version, Xid errors in dmesg); python -c 'import torch; print(torch.version.cuda, "
+          "torch.cuda.nccl.version())'",
+          "update the driver to one that supports the wheel's CUDA, reset or drain a GPU with Xid errors, or "
+          "free GPU memory before the communicator is created"),
+    Cause("nccl-warn", "an NCCL warning",
+          (r"\.(?:cc|cu|h|c):\d{1,9} NCCL WARN ",),
+          "NCCL's own warning; the file named before 'NCCL WARN' is the subsystem (graph/ topology, "
+          "transport/ the data path, misc/ helpers). Alone it may be harmless; before a failure it is "
+          "usually the first sign of it.",
+          "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=ALL (the lines before the WARN); NCCL_TOPO_DUMP_FILE for graph/ warnings",
+          "act on the message; if it is a topology warning in a container, give NCCL /sys (or NCCL_TOPO_FILE)"),
+    Cause("gloo-enforce", "gloo refused a call or lost a connection",
+          (r"\[(?:enforce fail at )?[^\s\[\]]{0,300}gloo/[^\s\[\]]{0,200}:\d{1,9}\]",),
+          "gloo checked something and it did not hold (the message after the file names it): in "
+          "transport/tcp a connection to a peer failed or closed (that peer exited or is unreachable); "
+          "elsewhere the ranks passed different sizes or counts to the same collective.",
+          "transport/tcp: the other ranks' errors and GLOO_SOCKET_IFNAME; otherwise TORCH_DISTRIBUTED_DEBUG=DETAIL "
+          "(the shapes each rank passed)",
+          "give every rank the same collective arguments; for connection errors, fix the rank that exited first "
+          "or the interface (GLOO_SOCKET_IFNAME)"),
 )

@@ -30,10 +30,12 @@ from ddpdoctor.causes.versions import version_facts
 from ddpdoctor.system.redact import shorten
 from ddpdoctor.system.stackframes import is_user, shown_path
 
-__all__ = ["DERIVED", "Evidence", "gather", "refine"]
+__all__ = ["AREA", "DERIVED", "Evidence", "gather", "refine"]
 
 # Causes with no line pattern of their own: only this pass finds them, from the evidence around another match.
 DERIVED = ("slow-rank-timeout", "ddp-unused-already-on", "syncbn-single-process")
+# Families by the source file an NCCL WARN or a gloo enforce names (catalogue's last entries).
+AREA = ("nccl-warn-ib", "nccl-warn-network", "nccl-warn-cuda", "nccl-warn", "gloo-enforce")
 
 MAX_LINE = 4096
 _KEPT = 400  # the characters of a line kept as evidence; shown shortened, after redaction (shorten)
@@ -471,6 +473,11 @@ def refine(lines: Sequence[str], found: dict, by_id: dict, make: Callable) -> Ev
         first = "nccl-ib-network" if ("NET/IB" in ev.net_last_error or "ibv_" in ev.net_last_error
                                       or "NET/OFI" in ev.net_last_error) else "nccl-wrong-interface"
         _rank_first(found, "nccl-remote-error", first, ev.net_last_error)
+
+    # The families by source file stand only when nothing else explains the log.
+    if any(c not in AREA and c != "peer-closed" for c in found):
+        for cid in AREA:
+            found.pop(cid, None)
 
     # Drop the generic cause where a specific one explains the same failure.
     for generic, specifics in SUBSUMED_BY.items():

@@ -29,9 +29,12 @@ def load() -> list:
 def shown(row: dict) -> list:
     """The lines a log shows for one template (one per fill)."""
     texts = [row["template"].replace("{}", fill) for fill in FILLS]
-    if row["emitter"] == "nccl" and row["file"].startswith("src/") and "init.cc" not in row["file"]:
-        where = row["file"][len("src/"):]
+    if row["emitter"] == "nccl" and row["file"].startswith("src/") and "(ncclGetErrorString)" not in row["file"]:
+        where = row["file"][len("src/"):]  # NCCL prints its file relative to src/
         texts = [f"host:1:2 [0] {where}:1 NCCL WARN {t}" for t in texts]
+    elif row["emitter"] == "gloo":  # GLOO_ENFORCE: "[enforce fail at FILE:LINE] cond. msg"; the rest "[FILE:LINE] msg"
+        where = f"../third_party/gloo/{row['file']}:1"
+        texts = [form for t in texts for form in (f"[enforce fail at {where}] x. {t}", f"[{where}] {t}")]
     return texts
 
 
@@ -44,11 +47,14 @@ def covering(row: dict, compiled: list):
     return None
 
 
-def measure(rows=None, causes=None) -> dict:
-    """{emitter: (covered, total, version)}."""
+def measure(rows=None, causes=None, specific: bool = False) -> dict:
+    """{emitter: (covered, total, version)}; ``specific``: count only causes that are not a family by
+    source file (evidence.AREA)."""
     if causes is None:
         from ddpdoctor.causes.catalogue import CAUSES as causes
-    compiled = [(c.id, re.compile(p)) for c in causes for p in c.patterns]
+    from ddpdoctor.causes.evidence import AREA
+
+    compiled = [(c.id, re.compile(p)) for c in causes for p in c.patterns if not (specific and c.id in AREA)]
     out: dict = {}
     for row in rows if rows is not None else load():
         hit = covering(row, compiled) is not None
@@ -70,8 +76,10 @@ def main(argv=None) -> int:
                 files[row["file"]] += 1
                 print(f"{row['file']}: {row['template'][:160]}")
         return 0
+    exact = measure(specific=True)
     for emitter, (covered, total, version) in sorted(measure().items()):
-        print(f"{emitter:<11} {version:<14} {covered:>4} of {total:>4} templates covered ({100.0 * covered / total:.1f}%)")
+        print(f"{emitter:<11} {version:<14} {covered:>4} of {total:>4} templates covered ({100.0 * covered / total:.1f}%); "
+              f"by a specific cause {exact[emitter][0]} ({100.0 * exact[emitter][0] / total:.1f}%)")
     return 0
 
 

@@ -232,8 +232,8 @@ def mine_git(emitter: str, spec: str) -> list:
         if emitter == "nccl" and path.startswith("src/") and path.endswith((".cc", ".h", ".cu", ".c")):
             text = _git(gitdir, "show", f"{commit}:{path}")
             found = _c_messages(text, NCCL_MACROS)
-            if "ncclGetErrorString" in text and "case ncclSuccess" in text:
-                found += _nccl_error_strings(text)
+            if "ncclGetErrorString" in text and "case ncclSuccess" in text:  # printed bare, not as a WARN
+                rows += [(emitter, f"{path} (ncclGetErrorString)", version, t) for t in _nccl_error_strings(text)]
         elif emitter == "gloo" and path.startswith("gloo/") and path.endswith((".cc", ".h")) and "/test" not in path \
                 and "/benchmark" not in path:
             found = _c_messages(_git(gitdir, "show", f"{commit}:{path}"), GLOO_MACROS)
