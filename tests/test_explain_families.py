@@ -120,3 +120,18 @@ def test_an_nccl_warn_without_an_entry_is_read_by_its_source_file():
     assert [x.cause.id for x in explain_text(both)] == ["duplicate-gpu"]
     gloo = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer [10.0.0.2]:1234\n"
     assert "gloo-enforce" not in [x.cause.id for x in explain_text(gloo)]  # a specific entry (peer-closed) has it
+
+
+def test_an_exception_torch_distributed_raised_itself_names_the_module_and_your_call():
+    tb = ('Traceback (most recent call last):\n  File "/home/u/train.py", line 12, in main\n    model = FSDP(model)\n'
+          '  File "/opt/venv/lib/python3.11/site-packages/torch/distributed/fsdp/fully_sharded_data_parallel.py", '
+          'line 481, in __init__\n    raise ValueError("Expects all parameters to be on the same device")\n'
+          "ValueError: Expects all parameters to be on the same device\n")
+    m = _one(tb)
+    assert m.cause.id == "torch-distributed-error"
+    assert m.evidence == "ValueError: Expects all parameters to be on the same device"
+    assert "Raised in torch.distributed.fsdp.fully_sharded_data_parallel. Your call: main (/home/u/train.py:12)." \
+        in m.meaning
+    # an exception of the user's own code is not torch's
+    own = 'Traceback (most recent call last):\n  File "/home/u/train.py", line 3, in <module>\n    f()\nValueError: bad\n'
+    assert explain_text(own) == []

@@ -636,6 +636,22 @@ CAUSES: tuple = (
           "A rank process ended by a signal, not an exception.",
           "dmesg | grep -i -e oom -e killed (SIGKILL); ddpdoctor check --only env (memory, /dev/shm)",
           "find who sent the signal: SIGKILL is often the kernel's OOM killer (dmesg | grep -i oom)"),
+    Cause("torch-distributed-error", "an error raised by torch.distributed or DDP itself",
+          (),
+          "The exception was raised inside torch's own distributed code (the module is named below): it checked "
+          "an argument, a state or its peers and refused. Its message is the explanation; the line to change "
+          "is your call into it, not torch's.",
+          "the exception's message; TORCH_DISTRIBUTED_DEBUG=DETAIL (and TORCH_CPP_LOG_LEVEL=INFO) for more "
+          "context; the torch.distributed docs of the API named",
+          "change your call (the arguments, the order of calls, the state of the process group) as the "
+          "message asks"),
+    Cause("accelerate-error", "an error raised by accelerate itself",
+          (),
+          "The exception was raised inside huggingface accelerate (the module is named below): its own check of "
+          "the configuration, the launch or the objects passed to prepare() failed. Its message is the "
+          "explanation; the line to change is your call or your accelerate config.",
+          "accelerate env (the versions and the config in use); the message",
+          "change the config (accelerate config) or your call as the message asks"),
     # --- issue 25: the rest of NCCL's and gloo's own messages, by the source file they name (NCCL prints
     # "file.cc:LINE NCCL WARN", gloo "[enforce fail at gloo/...:LINE]"). Last in the table, and dropped
     # (evidence.AREA) whenever any other cause is found: a family by subsystem, not a diagnosis.

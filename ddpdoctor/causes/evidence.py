@@ -33,9 +33,15 @@ from ddpdoctor.system.stackframes import is_user, shown_path
 __all__ = ["AREA", "DERIVED", "Evidence", "gather", "refine"]
 
 # Causes with no line pattern of their own: only this pass finds them, from the evidence around another match.
-DERIVED = ("slow-rank-timeout", "ddp-unused-already-on", "syncbn-single-process")
+DERIVED = ("slow-rank-timeout", "ddp-unused-already-on", "syncbn-single-process", "torch-distributed-error",
+           "accelerate-error")
 # Families by the source file an NCCL WARN or a gloo enforce names (catalogue's last entries).
-AREA = ("nccl-warn-ib", "nccl-warn-network", "nccl-warn-cuda", "nccl-warn", "gloo-enforce")
+AREA = ("nccl-warn-ib", "nccl-warn-network", "nccl-warn-cuda", "nccl-warn", "gloo-enforce", "torch-distributed-error",
+        "accelerate-error")
+# Where a Python exception was raised, by the last frame above it: the area family it belongs to.
+_RAISED_IN = (("/torch/distributed/", "torch-distributed-error"), ("/torch/nn/parallel/", "torch-distributed-error"),
+              ("/torch/multiprocessing/", "torch-distributed-error"), ("/accelerate/", "accelerate-error"))
+_EXC = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception)\b:.*)")
 
 MAX_LINE = 4096
 _KEPT = 400  # the characters of a line kept as evidence; shown shortened, after redaction (shorten)
@@ -272,6 +278,30 @@ def _caller_line(lines: Sequence[str], names: tuple) -> str:
     return ""
 
 
+def _raised_in(lines: Sequence[str]) -> tuple:
+    """(cause id, module, exception line, the user's line) for the first exception raised inside torch's
+    distributed code or accelerate, read from its traceback; () when there is none."""
+    frame, user = "", ""
+    for raw in lines:
+        line = raw[:MAX_LINE]
+        if 'File "' in line:
+            m = _TB_FRAME.search(line)
+            if m:
+                frame = m.group("file")
+                if is_user(frame):
+                    user = f"{m.group('func')} ({shown_path(frame)}:{m.group('line')})"
+            continue
+        if frame and ("Error" in line or "Exception" in line):
+            m = _EXC.match(line.strip())
+            if m:
+                for part, cid in _RAISED_IN:
+                    if part in frame:
+                        module = frame.split("site-packages/")[-1].replace("/", ".").removesuffix(".py")
+                        return cid, module, m.group(1), user
+                frame = ""
+    return ()
+
+
 def _rank_first(found: dict, family: str, cid: str, line: str) -> None:
     """Put candidate ``cid`` first in ``family``'s list when the log holds ``line`` as evidence for it."""
     m = found.get(family)
@@ -473,6 +503,13 @@ def refine(lines: Sequence[str], found: dict, by_id: dict, make: Callable) -> Ev
         first = "nccl-ib-network" if ("NET/IB" in ev.net_last_error or "ibv_" in ev.net_last_error
                                       or "NET/OFI" in ev.net_last_error) else "nccl-wrong-interface"
         _rank_first(found, "nccl-remote-error", first, ev.net_last_error)
+
+    # An exception torch.distributed or accelerate raised itself, when nothing else explains the log.
+    if not found:
+        raised = _raised_in(lines)
+        if raised and add(raised[0], raised[2]):
+            where = f" Your call: {raised[3]}." if raised[3] else ""
+            note(raised[0], f"Raised in {raised[1]}.{where}")
 
     # The families by source file stand only when nothing else explains the log.
     if any(c not in AREA and c != "peer-closed" for c in found):

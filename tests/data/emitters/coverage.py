@@ -38,8 +38,25 @@ def shown(row: dict) -> list:
     return texts
 
 
-def covering(row: dict, compiled: list):
-    """The id of the first cause whose pattern finds the template as a log shows it, or None."""
+def traceback_of(row: dict) -> str:
+    """A Python emitter's message as a log shows it: the end of the traceback that raised it."""
+    site = "/opt/venv/lib/python3.11/site-packages/"
+    path = row["file"][len("src/"):] if row["file"].startswith("src/") else row["file"]
+    return (f'Traceback (most recent call last):\n  File "/work/train.py", line 1, in main\n    run()\n'
+            f'  File "{site}{path}", line 1, in f\n    raise RuntimeError(msg)\n'
+            f"RuntimeError: {row['template'].replace('{}', 'x')}\n")
+
+
+def covering(row: dict, compiled: list, skip: frozenset = frozenset()):
+    """The id of the first cause that finds the template as a log shows it, or None: a pattern on its
+    line, or, for a Python emitter (torch, accelerate), explain reading the traceback that raised it.
+    ``skip``: cause ids not to count."""
+    if row["emitter"] in ("torch", "accelerate"):
+        from ddpdoctor.causes.matcher import explain_text
+
+        found = [m.cause.id for m in explain_text(traceback_of(row)) if m.cause.id not in skip]
+        if found:
+            return found[0]
     texts = shown(row)
     for cid, pattern in compiled:
         if any(pattern.search(t) for t in texts):
@@ -54,10 +71,11 @@ def measure(rows=None, causes=None, specific: bool = False) -> dict:
         from ddpdoctor.causes.catalogue import CAUSES as causes
     from ddpdoctor.causes.evidence import AREA
 
-    compiled = [(c.id, re.compile(p)) for c in causes for p in c.patterns if not (specific and c.id in AREA)]
+    skip = frozenset(AREA) if specific else frozenset()
+    compiled = [(c.id, re.compile(p)) for c in causes for p in c.patterns if c.id not in skip]
     out: dict = {}
     for row in rows if rows is not None else load():
-        hit = covering(row, compiled) is not None
+        hit = covering(row, compiled, skip) is not None
         covered, total, _ = out.get(row["emitter"], (0, 0, row["version"]))
         out[row["emitter"]] = (covered + hit, total + 1, row["version"])
     return out
