@@ -223,3 +223,12 @@ def test_compute_capability_comes_from_nvml_per_gpu():
         assert Probe().gpus() == (None, [], [])
     finally:
         nvml.set_loader(None)
+
+
+def test_nccl_versions_here_are_read_against_the_table_and_the_log():
+    bf16 = "NCCL version 2.7.8+cuda11.0\nRuntimeError: Input tensor data type is not supported for NCCL process group: BFloat16"
+    old = {"version": "1.8.1+cu111", "cuda": "11.1", "arch_list": ["sm_80"], "nccl_available": True, "nccl_version": "2.7.8"}
+    assert verdicts(bf16, FakeProbe(torch=old)) == {("nccl-bf16-unsupported", "confirmed")}
+    assert verdicts(bf16, FakeProbe()) == {("nccl-bf16-unsupported", "ruled out")}  # 2.21.5 here
+    mism = "NCCL version 2.18.1+cuda12.1\nhost:1:2 [0] init.cc:1 NCCL WARN Mismatched NCCL version detected : rank 0 version 21801 rank 1 version 22105"
+    assert verdicts(mism, FakeProbe()) == {("nccl-version-mismatch", "confirmed")}

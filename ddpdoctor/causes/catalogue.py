@@ -31,6 +31,9 @@ class Cause:
         fix: the imperative fix.
         from_ranks: match only lines that came from a rank's own process (a ``[rankN]:`` prefix, an
             ``mp.spawn`` report), i.e. from the training program rather than its launcher.
+        candidates: for a generic message that several causes print alike (a family): the causes it may
+            be, commonest first, each as ``(cause id, how to tell it from the others)``; ``explain`` reorders
+            them when the log holds evidence and names the family, not a single cause.
     """
 
     id: str
@@ -40,6 +43,7 @@ class Cause:
     confirm: str
     fix: str
     from_ranks: bool = False
+    candidates: tuple = ()
 
     def compiled(self) -> list:
         return [re.compile(p) for p in self.patterns]
@@ -84,6 +88,145 @@ CAUSES: tuple = (
           "give every rank the same shapes: drop_last=True on the DataLoader or DistributedSampler, pad to the "
           "largest size, or gather variable-length tensors with ddpdoctor.gather(tensor) (dim 0 may differ)"),
     # --- end of issue 14's block
+    # --- issue 25: messages mined from the emitters (tests/data/emitters) and real logs from issue threads
+    # (tests/data/explain_realworld). Usage errors of DDP/FSDP/accelerate and Python errors under spawn.
+    Cause("library-version-mismatch", "a DDP subclass from a library older than this torch",
+          (r"object has no attribute '_use_replicated_tensor_module'",),
+          "A library's DistributedDataParallel subclass (mmcv's MMDistributedDataParallel and its kin) "
+          "overrides DDP internals of the torch it was written for; torch 1.13 and newer call an attribute "
+          "the old subclass never sets.",
+          "pip list | grep -i -e mmcv -e mmengine -e torch (the library's release notes give the torch it supports)",
+          "install the library release made for this torch (mmcv-full 1.7+ for torch 1.13), or the torch it "
+          "was built for; patching the library's _run_ddp_forward to use self.module is the stopgap"),
+    Cause("ddp-module-attribute", "an attribute of the model reached through the DDP wrapper",
+          (r"'(?:\w*DistributedDataParallel|FullyShardedDataParallel|DataParallel)' object has no attribute '"
+           r"(?!_|num_iterations'|reducer'|require_\w+_sync')(?P<attr>\w+)'",),
+          "DistributedDataParallel (and DataParallel, FSDP) wrap the model: its own attributes and methods "
+          "('{attr}') live on model.module, not on the wrapper. Code written for one GPU reaches them on the "
+          "wrapper once the model is wrapped.",
+          "the traceback's last line of your code names the attribute; print(type(model)) there",
+          "reach it through the wrapper: model.module.{attr} (or keep a reference to the bare model before "
+          "wrapping: raw = model; model = DDP(raw, ...); raw.{attr}); for saving, use model.module.state_dict()"),
+    Cause("ddp-no-trainable-params", "DDP around a module with nothing to train",
+          (r"DistributedDataParallel is not needed when a module doesn't have any parameter that requires a gradient",
+           r"tensors\.size\(\) > 0 INTERNAL ASSERT FAILED at \S*reducer\.cpp"),
+          "DistributedDataParallel was given a module none of whose parameters require a gradient (a frozen "
+          "feature extractor, a loss network, a config that trains nothing in this stage). Torch 1.7+ refuses "
+          "it in the constructor; older versions failed with an internal assert in the reducer.",
+          "sum(p.requires_grad for p in module.parameters()) == 0 for the module passed to DDP",
+          "do not wrap frozen modules: move them with .to(device) only (accelerate: keep them out of "
+          "accelerator.prepare), and check that the stage's config leaves some parameters trainable"),
+    Cause("ddp-static-graph", "static_graph=True with a graph that changes between iterations",
+          (r"not compatible with static_graph set to True",),
+          "DDP(static_graph=True) (or _set_static_graph()) records in the first iterations which parameters "
+          "get gradients and how often; a later iteration used a different set (a parameter unused then used, "
+          "a branch taken on some steps, forward called twice before backward).",
+          "the first iterations' control flow: which modules run depends on the step or the batch",
+          "drop static_graph=True / _set_static_graph() (use find_unused_parameters=True if parameters go "
+          "unused), or make every iteration use the same parameters"),
+    Cause("fsdp-mixed-dtype", "one FSDP unit holds parameters of different dtypes",
+          (r"FlatParameter`? requires uniform dtype but got",
+           r"Must flatten tensors with uniform dtype but got"),
+          "FSDP flattens the parameters of each wrapped unit into one tensor, which needs one dtype; this unit "
+          "mixes them (LoRA/PEFT adapters in float32 on a bfloat16 or float16 base, a module left in float32).",
+          "print({p.dtype for p in unit.parameters()}) for the unit FSDP wraps",
+          "cast the model to one dtype before wrapping (model.to(torch.bfloat16)) and let MixedPrecision "
+          "handle compute, or pass use_orig_params=True (torch 2.1+; accelerate: fsdp_use_orig_params: true), "
+          "or wrap the adapters as their own units"),
+    Cause("state-dict-module-prefix", "a checkpoint saved with (or without) DDP's 'module.' prefix",
+          (r'Unexpected key\(s\) in state_dict: "module\.',
+           r'Missing key\(s\) in state_dict: "module\.',
+           r'unexpected key "module\.'),
+          "A state_dict saved from the DDP/DataParallel wrapper has every key prefixed with 'module.'; loaded "
+          "into a bare model (or the other way round) every key is missing on one side and unexpected on the other.",
+          "the first keys of the checkpoint: list(torch.load(path, map_location='cpu'))[:3]",
+          "save model.module.state_dict() from the wrapper; to load an old checkpoint, strip the prefix: "
+          "torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(sd, 'module.')"),
+    Cause("quantized-device-map", "a quantized (8/4-bit) model placed across GPUs under data parallel",
+          (r"You can't train a model that has been loaded in 8-bit precision on multiple devices",
+           r"You can't train a model that has been loaded in 8-bit or 4-bit precision on (?:a different device|multiple devices)",
+           r"module must have its parameters and buffers on device cuda:\d+ \(device_ids\[0\]\) but found one of them on device: cuda:\d+"),
+          "The model was loaded with device_map='auto' (spread over every GPU) and then trained with one "
+          "process per GPU (DDP, accelerate launch): each rank's copy must sit on that rank's GPU. A quantized "
+          "model cannot be moved after loading, so the data-parallel wrapper refuses it.",
+          "the from_pretrained call: device_map='auto' with load_in_8bit/4bit under a multi-process launch",
+          "load each rank's copy on its own GPU: device_map={'': torch.cuda.current_device()} (accelerate: "
+          "{'': accelerator.process_index}); or run one process with device_map='auto' (model parallel, no DDP)"),
+    Cause("gpu-exclusive-mode", "GPUs in exclusive-process mode, and a second process touched one",
+          (r"CUDA-capable device\(s\) is/are busy or unavailable",
+           r"all CUDA-capable devices are busy or unavailable"),
+          "The GPUs are in Exclusive_Process compute mode (common on shared clusters): one process per GPU. "
+          "A second process opened a context on a GPU already taken, usually because the ranks never called "
+          "torch.cuda.set_device(local_rank) and all created their context on GPU 0, or a parent process held it.",
+          "nvidia-smi --query-gpu=compute_mode --format=csv (Exclusive_Process); nvidia-smi while it runs "
+          "(several processes on GPU 0)",
+          "call torch.cuda.set_device(local_rank) first thing in each rank, before any CUDA call (or set "
+          "CUDA_VISIBLE_DEVICES per rank); do not touch CUDA in the parent before spawning"),
+    Cause("spawn-pickle", "spawn cannot pickle a local function or lambda",
+          (r"Can't pickle local object '",
+           r"Can't pickle <(?:function|lambda)",
+           r"Can't get local object '"),
+          "torch.multiprocessing.spawn, DataLoader workers under the spawn start method (the default on "
+          "Windows and macOS) and mp.set_start_method('spawn') send the target and its arguments to the new "
+          "process by pickling; a function defined inside another function, a lambda or a closure cannot be pickled.",
+          "the object named in the message is a nested function or a lambda",
+          "define the function at module level (or use functools.partial of one), keep the entry point under "
+          "if __name__ == '__main__':, or use the fork start method on Linux"),
+    Cause("nvls-fabric-manager", "NVLink SHARP (NVLS) setup failed: the fabric manager",
+          (r"transport/nvls\.cc:\d+ NCCL WARN Cuda failure",),
+          "NCCL's NVLink SHARP transport (H100/H200/H800 with NVSwitch) could not create its multicast "
+          "memory. Almost always the NVIDIA fabric manager was stopped and restarted (or updated) without "
+          "resetting the GPUs, or its version does not match the driver.",
+          "nvidia-smi -q | grep -A2 -i fabric (State/Status); systemctl status nvidia-fabricmanager; the "
+          "fabric manager and driver versions must be equal",
+          "reset the GPUs after restarting the fabric manager (or reboot the node), per the Fabric Manager "
+          "User Guide; NCCL_NVLS_ENABLE=0 works around it meanwhile"),
+    Cause("ib-memlock", "the locked-memory limit is too low for InfiniBand",
+          (r"NCCL WARN Call to ibv_(?:reg_mr\w*|create_cq|create_qp) failed with error Cannot allocate memory",
+           r"ibv_create_cq\(\) failed: Cannot allocate memory"),
+          "InfiniBand registers (pins) memory; the process's locked-memory limit (ulimit -l, often 64 KB in "
+          "containers and under some schedulers) is too low, so registration fails with ENOMEM.",
+          "ulimit -l in the job's own environment (inside mpirun/srun/the container), not in a login shell",
+          "raise it to unlimited: /etc/security/limits.conf (memlock), docker run --ulimit memlock=-1, "
+          "Slurm PropagateResourceLimits; then start a new session"),
+    Cause("nccl-bf16-unsupported", "bfloat16 collectives with an NCCL too old for them",
+          (r"Input tensor data type is not supported for NCCL process group: BFloat16",
+           r"Unconvertible NCCL type BFloat16"),
+          "NCCL added bfloat16 in 2.10.3 (July 2021), and PyTorch passes bf16 to NCCL only when it was built "
+          "with 2.10+. An older NCCL (or a torch built against one) refuses bfloat16 tensors.",
+          "python -c 'import torch; print(torch.__version__, torch.cuda.nccl.version())'; the log's "
+          "'NCCL version' line",
+          "install a PyTorch built with NCCL 2.10.3 or newer (1.10+ wheels), or reduce in float32"),
+    Cause("nccl-version-mismatch", "the ranks run different NCCL versions",
+          (r"Mismatched NCCL version detected",),
+          "NCCL compared versions at start-up and the ranks differ: nodes with different images, wheels or a "
+          "system NCCL on some nodes' LD_LIBRARY_PATH.",
+          "python -c 'import torch; print(torch.cuda.nccl.version())' on every node; the 'NCCL version' line "
+          "each rank prints with NCCL_DEBUG=INFO",
+          "install the same torch/NCCL on every node (one image, one wheel), and drop a stray libnccl from "
+          "LD_LIBRARY_PATH"),
+    Cause("nccl-message-truncated", "NCCL received more bytes than the receiving rank expected",
+          (r"NCCL WARN (?:NET/Socket : )?[Mm]essage truncated",),
+          "A peer sent more data than this rank posted for the same operation: the ranks disagree on a "
+          "collective's size (a mismatch in shapes or in the order of calls), or their NCCL settings differ "
+          "(NCCL_PROTO, NCCL_ALGO, versions) so they split the data differently.",
+          "TORCH_DISTRIBUTED_DEBUG=DETAIL (the shapes per rank); compare NCCL versions and NCCL_* variables "
+          "across nodes",
+          "give every rank the same shapes and call order, and the same NCCL version and NCCL_* settings on "
+          "every node"),
+    Cause("ddpdoctor-desync", "ddpdoctor found ranks out of sync (DesyncError)",
+          (r"\bDesyncError\b",),
+          "ddpdoctor.assert_in_sync compared parameters or tensors across ranks and they differ: the ranks "
+          "diverged (different initialisation, a rank-dependent update, an unsynchronised buffer).",
+          "the message lists the tensors, the ranks on each side and their digests",
+          "fix what makes the ranks differ at the place named (seed and broadcast the initial weights, "
+          "sync buffers, avoid rank-dependent updates)"),
+    Cause("ddpdoctor-collective-mismatch", "ddpdoctor's collective helpers saw ranks disagree",
+          (r"\bCollective(?:Mismatch|Timeout)Error\b",),
+          "A ddpdoctor collective helper (gather, broadcast_object, ...) found that the ranks passed "
+          "incompatible arguments, called different helpers, or did not all arrive within its timeout.",
+          "the message names each rank's call and arguments",
+          "make every rank reach the same helper with compatible arguments at the same point"),
     # --- issue 17: causes found in real logs from public issue threads (tests/explain_corpus) ---------
     # Specific entries first: a line goes to the first entry that matches it.
     Cause("cuda-arch-unsupported", "this PyTorch build has no kernels for the GPU",
@@ -122,6 +265,7 @@ CAUSES: tuple = (
           "or use PyTorch 2.3 on Windows"),
     Cause("torch-api-mismatch", "the code and the installed PyTorch disagree on an API",
           (r"module 'torch\.distributed' has no attribute '",
+           r"'DistributedDataParallel' object has no attribute '(?:num_iterations|reducer|require_\w+_sync)'",
            r"No module named 'torch\.distributed\.",
            r"cannot import name '\w+' from 'torch\.distributed"),
           "The code calls a torch.distributed API that the installed PyTorch does not have: the install is "
@@ -208,7 +352,14 @@ CAUSES: tuple = (
           "the first failure (torchrun's Root Cause) and the other ranks' last lines; on the nodes: "
           "ibstat, dmesg",
           "if a rank crashed first, fix that rank; if none did, check the fabric (ibstat, ib_write_bw) and "
-          "exclude bad nodes"),
+          "exclude bad nodes",
+          candidates=(
+              ("peer-closed", "another rank's own error, exit code or signal comes first in the log "
+                              "(torchrun's Root Cause names it): fix that rank"),
+              ("nccl-ib-network", "no rank died first and the 'Last error' line is NET/IB (completion with "
+                                  "error, ibv_ calls): the InfiniBand/RoCE fabric; ibstat, ib_write_bw"),
+              ("nccl-wrong-interface", "no rank died first and the 'Last error' is a socket error at start-up "
+                                       "(refused, reset): the interface NCCL chose; NCCL_SOCKET_IFNAME"))),
     Cause("more-ranks-than-gpus", "more processes on a node than it has GPUs",
           (r"invalid device ordinal",),
           "A rank asked for a CUDA device that does not exist on its node: --nproc-per-node (or the recipe's "
@@ -312,7 +463,14 @@ CAUSES: tuple = (
           "init_process_group, or in a process that never called it (a DataLoader worker, an eval script).",
           "ddpdoctor check --only process-group",
           "call torch.distributed.init_process_group(...) first in every rank (guard single-process "
-          "code with torch.distributed.is_initialized())"),
+          "code with torch.distributed.is_initialized())",
+          candidates=(
+              ("no-default-process-group", "init_process_group is not called on this path: a script's "
+                                           "distributed mode started without its launcher or flag (torchrun, "
+                                           "--launcher pytorch), or a collective called before the init"),
+              ("syncbn-single-process", "the traceback passes through SyncBatchNorm (batchnorm.py, SyncBN in "
+                                        "the config) in a single process: use BatchNorm there"))),
+
     Cause("port-in-use", "address already in use",
           (r"EADDRINUSE", r"[Aa]ddress already in use"),
           "The rendezvous port (MASTER_PORT, --master-port, 29500 by default) is held by another process, "
@@ -356,19 +514,41 @@ CAUSES: tuple = (
           "ddpdoctor stacks (while it hangs), or rerun under ddpdoctor run; read the Flight Recorder "
           "dumps (TORCH_NCCL_DUMP_ON_TIMEOUT=1): ddpdoctor explain --fr DIR names the first collective "
           "where the ranks diverge and the ranks on each side",
-          "find the rank whose stack differs and fix what it does; rerun with ddpdoctor run to get the "
-          "grouped stacks and the Flight Recorder dump automatically"),
-    Cause("nccl-system-error", "NCCL system error (most often /dev/shm)",
-          (r"unhandled system error", r"ncclSystemError",
+          "if one rank was busy in its own work, either raise the timeout (init_process_group(timeout="
+          "timedelta(hours=2)), HF --ddp_timeout) or move that work out of the others' way (do it on every rank, "
+          "or before the distributed part); otherwise find the rank whose stack differs and fix what it does "
+          "(ddpdoctor run gets the grouped stacks and the Flight Recorder dump automatically)",
+          candidates=(
+              ("slow-rank-timeout", "one rank was busy in work of its own (evaluation, saving a checkpoint, "
+                                    "preparing data) while the others waited: its last progress line is near "
+                                    "the timeout; raise the timeout or move the work out of the collective's way"),
+              ("collective-mismatch", "the ranks called different collectives, or one skipped one: "
+                                      "TORCH_DISTRIBUTED_DEBUG=DETAIL or the Flight Recorder (ddpdoctor explain "
+                                      "--fr) names the first one that differs"),
+              ("peer-closed", "a rank died or hung first: its own error above the timeout, or ddpdoctor stacks "
+                              "while the job hangs"))),
+
+    Cause("nccl-system-error", "NCCL system error: a socket, shared memory or a device call failed",
+          (r"unhandled system error", r"unhanled system error", r"ncclSystemError",
            r"Error while creating shared memory segment",
            r"/dev/shm/nccl-"),
-          "A system call NCCL needs failed, most often creating shared memory in /dev/shm (Docker's "
-          "default is 64 MB), sometimes a socket or an InfiniBand resource.",
-          "ddpdoctor check --only env (reports the /dev/shm size); rerun with NCCL_DEBUG=INFO",
-          "give the container more shared memory (docker run --shm-size=8g or --ipc=host; Kubernetes: "
-          "an emptyDir with medium: Memory on /dev/shm)"),
+          "A system call NCCL needs failed. The message is the same for several causes: the ranks cannot "
+          "reach each other on the interface NCCL picked (between nodes, or between containers on their own "
+          "networks), or shared memory in /dev/shm ran out (a container's 64 MB default). NCCL_DEBUG=INFO "
+          "prints the failing call just above the error.",
+          "rerun with NCCL_DEBUG=INFO (and NCCL_DEBUG_SUBSYS=INIT,NET): the WARN line before the error names "
+          "the call; ddpdoctor check --only env (the /dev/shm size) and --only port (reachability)",
+          "the fix of the cause the WARN line points at (see the candidates)",
+          candidates=(
+              ("nccl-wrong-interface", "ranks on several nodes: a socket WARN (connect refused/timed out, "
+                                       "'Connection reset') follows the 'NET/Socket : Using' line; set "
+                                       "NCCL_SOCKET_IFNAME to the interface the nodes share"),
+              ("container-network", "ranks in separate containers (Docker bridge addresses such as 172.17.x, "
+                                    "it works inside one container): run them with --network=host"),
+              ("shm-too-small", "one node in a container: a shm_open/'shared memory segment' WARN or a bus "
+                                "error; df -h /dev/shm; docker run --shm-size=8g or --ipc=host"))),
     Cause("duplicate-gpu", "two ranks on the same GPU",
-          (r"Duplicate GPU detected",),
+          (r"Multiple Ranks are using the same GPU", r"Duplicate GPU detected",),
           "Two ranks use the same CUDA device: torch.cuda.set_device(local_rank) was not called (every "
           "rank uses cuda:0), or the global rank was used where the local rank belongs.",
           "ddpdoctor check --only process-group (one GPU per rank)",
@@ -402,8 +582,9 @@ CAUSES: tuple = (
           "build the same model on every rank before DDP(...) and make every rank reach the constructor "
           "(no rank-0-only collectives before it)"),
     Cause("collective-mismatch", "ranks called different collectives",
-          (r"Detected mismatch between collectives",),
-          "With TORCH_DISTRIBUTED_DEBUG=DETAIL, PyTorch checked each collective across ranks and found "
+          (r"Detected mismatch between collectives", r"NCCL WARN Mismatched collective detected"),
+          "NCCL noticed ranks enqueue different collectives (its 'Mismatched collective detected'), or, with "
+          "TORCH_DISTRIBUTED_DEBUG=DETAIL, PyTorch checked each collective across ranks and found "
           "ranks calling different operations, shapes or dtypes at the same point: a rank skipped or "
           "added a collective (a rank-dependent if, an uneven last batch).",
           "the message names both ranks' collectives; ddpdoctor stacks shows where each rank is",
@@ -450,9 +631,76 @@ CAUSES: tuple = (
           (r"Signal \d+ \((SIG[A-Z0-9]+)\) received by PID \d+",
            r"died with <Signals\.(SIG[A-Z0-9]+): \d+>",
            r"exitcode\s*:\s*-(\d{1,9}) \(pid",  # a signal number: bounded (int() refuses 4300+ digits)
-           r"failed \(exitcode: -(\d{1,9})\)", r"exits with return code = -(\d{1,9})(?!\d)",
+           r"failed \(exitcode: -(\d{1,9})\)", r"[Ee]xits with return code = -(\d{1,9})(?!\d)",
            r"\b(SIG[A-Z0-9]{1,12}) received by PID \d+"),
           "A rank process ended by a signal, not an exception.",
           "dmesg | grep -i -e oom -e killed (SIGKILL); ddpdoctor check --only env (memory, /dev/shm)",
           "find who sent the signal: SIGKILL is often the kernel's OOM killer (dmesg | grep -i oom)"),
+    Cause("torch-distributed-error", "an error raised by torch.distributed or DDP itself",
+          (),
+          "The exception was raised inside torch's own distributed code (the module is named below): it checked "
+          "an argument, a state or its peers and refused. Its message is the explanation; the line to change "
+          "is your call into it, not torch's.",
+          "the exception's message; TORCH_DISTRIBUTED_DEBUG=DETAIL (and TORCH_CPP_LOG_LEVEL=INFO) for more "
+          "context; the torch.distributed docs of the API named",
+          "change your call (the arguments, the order of calls, the state of the process group) as the "
+          "message asks"),
+    Cause("accelerate-error", "an error raised by accelerate itself",
+          (),
+          "The exception was raised inside huggingface accelerate (the module is named below): its own check of "
+          "the configuration, the launch or the objects passed to prepare() failed. Its message is the "
+          "explanation; the line to change is your call or your accelerate config.",
+          "accelerate env (the versions and the config in use); the message",
+          "change the config (accelerate config) or your call as the message asks"),
+    # --- issue 25: the rest of NCCL's and gloo's own messages, by the source file they name (NCCL prints
+    # "file.cc:LINE NCCL WARN", gloo "[enforce fail at gloo/...:LINE]"). Last in the table, and dropped
+    # (evidence.AREA) whenever any other cause is found: a family by subsystem, not a diagnosis.
+    Cause("nccl-warn-ib", "an NCCL warning from its InfiniBand/RoCE transport",
+          (r"(?:net_ib|ibvwrap|ibvcore|ib_plugin|ibvsymbols)[\w./-]{0,80}:\d{1,9} NCCL WARN ",),
+          "NCCL's InfiniBand/RoCE code (the file named before 'NCCL WARN') failed a verbs call or a "
+          "connection: the fabric, the NIC's settings, or the process's limits.",
+          "ibstat and show_gids on every node; ulimit -l inside the job; NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET",
+          "the fix of the candidate the WARN line fits",
+          candidates=(("nccl-ib-network", "completion errors, ibv_modify_qp, timeouts between two nodes: the "
+                                          "fabric or RoCE settings (NCCL_IB_GID_INDEX, NCCL_IB_HCA)"),
+                      ("ib-memlock", "'Cannot allocate memory' from ibv_reg_mr/create_cq: ulimit -l too low"),
+                      ("nccl-wrong-interface", "no IB device is usable here: NCCL_IB_DISABLE=1 and the socket "
+                                               "interface (NCCL_SOCKET_IFNAME) the nodes share"))),
+    Cause("nccl-warn-network", "an NCCL warning from its sockets, bootstrap or proxy",
+          (r"(?:socket|net_socket|bootstrap|proxy)[\w./-]{0,80}:\d{1,9} NCCL WARN ",),
+          "NCCL's socket, bootstrap or proxy code (the file named before 'NCCL WARN') lost or could not make "
+          "a connection to a peer: the peer exited, or the network between them refused it.",
+          "the first failing rank's own error above; NCCL_DEBUG=INFO's 'NET/Socket : Using' and 'Bootstrap : "
+          "Using' lines on every node; nc -zv between the nodes",
+          "the fix of the candidate the log fits",
+          candidates=(("peer-closed", "another rank's error or exit comes first in the log: fix that rank"),
+                      ("nccl-wrong-interface", "connections refused or timing out at start-up: the interface "
+                                               "NCCL picked; NCCL_SOCKET_IFNAME"),
+                      ("firewall", "the nodes reach each other on some ports only (nc -zv fails on NCCL's "
+                                   "ports): open the ports between the nodes or the port range"))),
+    Cause("nccl-warn-cuda", "an NCCL warning: a CUDA call inside NCCL failed",
+          (r"(?:cudawrap|alloc|mem_manager|enqueue|register|dev_runtime|init)[\w./-]{0,80}:\d{1,9} NCCL WARN ",
+           r"NCCL WARN Cuda failure"),
+          "A CUDA runtime or driver call made by NCCL failed (the CUDA error is in the message): the driver "
+          "and the CUDA NCCL was built for disagree, the GPU is in a bad state, or memory ran out.",
+          "nvidia-smi (driver version, Xid errors in dmesg); python -c 'import torch; print(torch.version.cuda, "
+          "torch.cuda.nccl.version())'",
+          "update the driver to one that supports the wheel's CUDA, reset or drain a GPU with Xid errors, or "
+          "free GPU memory before the communicator is created"),
+    Cause("nccl-warn", "an NCCL warning",
+          (r"\.(?:cc|cu|h|c):\d{1,9} NCCL WARN ",),
+          "NCCL's own warning; the file named before 'NCCL WARN' is the subsystem (graph/ topology, "
+          "transport/ the data path, misc/ helpers). Alone it may be harmless; before a failure it is "
+          "usually the first sign of it.",
+          "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=ALL (the lines before the WARN); NCCL_TOPO_DUMP_FILE for graph/ warnings",
+          "act on the message; if it is a topology warning in a container, give NCCL /sys (or NCCL_TOPO_FILE)"),
+    Cause("gloo-enforce", "gloo refused a call or lost a connection",
+          (r"\[(?:enforce fail at )?[^\s\[\]]{0,300}gloo/[^\s\[\]]{0,200}:\d{1,9}\]",),
+          "gloo checked something and it did not hold (the message after the file names it): in "
+          "transport/tcp a connection to a peer failed or closed (that peer exited or is unreachable); "
+          "elsewhere the ranks passed different sizes or counts to the same collective.",
+          "transport/tcp: the other ranks' errors and GLOO_SOCKET_IFNAME; otherwise TORCH_DISTRIBUTED_DEBUG=DETAIL "
+          "(the shapes each rank passed)",
+          "give every rank the same collective arguments; for connection errors, fix the rank that exited first "
+          "or the interface (GLOO_SOCKET_IFNAME)"),
 )

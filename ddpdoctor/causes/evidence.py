@@ -26,12 +26,22 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
+from ddpdoctor.causes.versions import version_facts
 from ddpdoctor.system.redact import shorten
+from ddpdoctor.system.stackframes import is_user, shown_path
 
-__all__ = ["DERIVED", "Evidence", "gather", "refine"]
+__all__ = ["AREA", "DERIVED", "Evidence", "gather", "refine"]
 
 # Causes with no line pattern of their own: only this pass finds them, from the evidence around another match.
-DERIVED = ("slow-rank-timeout", "ddp-unused-already-on", "syncbn-single-process")
+DERIVED = ("slow-rank-timeout", "ddp-unused-already-on", "syncbn-single-process", "torch-distributed-error",
+           "accelerate-error")
+# Families by the source file an NCCL WARN or a gloo enforce names (catalogue's last entries).
+AREA = ("nccl-warn-ib", "nccl-warn-network", "nccl-warn-cuda", "nccl-warn", "gloo-enforce", "torch-distributed-error",
+        "accelerate-error")
+# Where a Python exception was raised, by the last frame above it: the area family it belongs to.
+_RAISED_IN = (("/torch/distributed/", "torch-distributed-error"), ("/torch/nn/parallel/", "torch-distributed-error"),
+              ("/torch/multiprocessing/", "torch-distributed-error"), ("/accelerate/", "accelerate-error"))
+_EXC = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception)\b:.*)")
 
 MAX_LINE = 4096
 _KEPT = 400  # the characters of a line kept as evidence; shown shortened, after redaction (shorten)
@@ -65,6 +75,27 @@ _LR_DECLARED = re.compile(r"\[(--local[-_]rank) ")
 _MEM_LINE = re.compile(r"CPU Virtual Memory:.*percent = (\d+(?:\.\d+)?)%")
 _SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d{1,7})\b")
 _SUMMARY_SIGNAL = re.compile(r"^\s*exitcode\s*:\s*-(\d{1,3})\b")
+_SHM_SIGN = re.compile(r"shm_open|/dev/shm|shared memory segment|Bus error|SIGBUS")
+_DOCKER_SIGN = re.compile(r"\b172\.1[7-9]\.\d{1,3}\.\d{1,3}\b|\bdocker\b|--network|\bveth\w|\bcontainers?\b", re.I)
+_BAR = re.compile(r"\d%\|")  # a tqdm bar: "35%|####"
+_TB_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+# ddpdoctor's own errors: the cause and the exception names that stand for it.
+_OWN_ERRORS = {"ddpdoctor-desync": ("DesyncError",),
+               "ddpdoctor-collective-mismatch": ("CollectiveMismatchError", "CollectiveTimeoutError")}
+# A rank killed by a signal, when nothing else in the log decides: the causes it may be, commonest first.
+_SIGNAL_FAMILIES = {
+    "SIGKILL": (("host-oom", "the node's kernel log names it: dmesg -T | grep -i -e oom -e 'killed process'; "
+                             "host memory grows with ranks x DataLoader workers"),
+                ("scheduler-kill", "the scheduler stopped it at a time or memory limit: sacct -j JOB -o "
+                                   "State,ExitCode,MaxRSS (Slurm), OOMKilled in kubectl describe pod"),
+                ("peer-closed", "torchrun stopped this rank after another failed: that rank's error comes first")),
+    "SIGSEGV": (("library-version-mismatch", "a native extension built for another torch/CUDA/NCCL (apex, "
+                                             "deepspeed ops, flash-attn, a second NCCL): python -X faulthandler "
+                                             "names the library in the crashing frame"),
+                ("nccl-p2p-shm", "NCCL's GPU peer-to-peer or shared-memory transport on this machine: it passes "
+                                 "with NCCL_P2P_DISABLE=1 (then NCCL_SHM_DISABLE=1)")),
+}
+_IFACE_NAME = re.compile(r"(?:eth|en|eno|ens|enp|ib|bond|lo|wl|br|docker|veth|team|hsn|mlx)\w*")
 
 
 @dataclass
@@ -98,6 +129,10 @@ class Evidence:
     lr_declared: str = ""
     host_mem_pct: Optional[float] = None
     signalled: dict = field(default_factory=dict)  # rank -> signal number, from torchrun's failure summary
+    shm_sign: str = ""       # a line about shared memory (shm_open, /dev/shm, a bus error)
+    docker_sign: str = ""    # a line showing containers (Docker bridge addresses, docker, veth)
+    bar_s: int = 0           # the longest elapsed time of a progress bar that had not finished
+    bar_line: str = ""
 
 
 def gather(lines: Sequence[str]) -> Evidence:
@@ -137,6 +172,17 @@ def gather(lines: Sequence[str]) -> Evidence:
             secs = (int(m.group(1) or 0) * 3600 + int(m.group(2)) * 60 + int(m.group(3))) if m else 0
             if secs > ev.long_task_s:
                 ev.long_task, ev.long_task_s = line.strip()[:_KEPT], secs
+        if "|" in line and "<" in line and "100%|" not in line and _BAR.search(line):
+            m = _ELAPSED.search(line)
+            secs = (int(m.group(1) or 0) * 3600 + int(m.group(2)) * 60 + int(m.group(3))) if m else 0
+            if secs > ev.bar_s:
+                ev.bar_s, ev.bar_line = secs, line.strip()[:_KEPT]
+        if not ev.shm_sign and ("shm" in line or "Bus error" in line or "SIGBUS" in line or "shared memory" in line) \
+                and _SHM_SIGN.search(line):
+            ev.shm_sign = line.strip()[:_KEPT]
+        if not ev.docker_sign and ("172.1" in line or "ocker" in line or "veth" in line or "ontainer" in line
+                                   or "--network" in line) and _DOCKER_SIGN.search(line):
+            ev.docker_sign = line.strip()[:_KEPT]
         if "Timeout(ms)=" in line and ev.timeout_ms is None:
             m = _TIMEOUT_MS.search(line)
             if m:
@@ -216,6 +262,60 @@ SUBSUMED_BY = {
 _SIGNAL_OWNER = {"SIGKILL": "host-oom", "SIGBUS": "shm-too-small"}
 
 
+def _caller_line(lines: Sequence[str], names: tuple) -> str:
+    """``func (file:line)``: the user's innermost frame in the traceback that ends in one of ``names``."""
+    last = ""
+    for raw in lines:
+        line = raw[:MAX_LINE]
+        if "Traceback (most recent call last)" in line:
+            last = ""
+        elif 'File "' in line:
+            m = _TB_FRAME.search(line)
+            if m and is_user(m.group("file")):
+                last = f"{m.group('func')} ({shown_path(m.group('file'))}:{m.group('line')})"
+        elif last and any(n in line for n in names):
+            return last
+    return ""
+
+
+def _raised_in(lines: Sequence[str]) -> tuple:
+    """(cause id, module, exception line, the user's line) for the first exception raised inside torch's
+    distributed code or accelerate, read from its traceback; () when there is none."""
+    frame, user = "", ""
+    for raw in lines:
+        line = raw[:MAX_LINE]
+        if 'File "' in line:
+            m = _TB_FRAME.search(line)
+            if m:
+                frame = m.group("file")
+                if is_user(frame):
+                    user = f"{m.group('func')} ({shown_path(frame)}:{m.group('line')})"
+            continue
+        if frame and ("Error" in line or "Exception" in line):
+            m = _EXC.match(line.strip())
+            if m:
+                for part, cid in _RAISED_IN:
+                    if part in frame:
+                        module = frame.split("site-packages/")[-1].replace("/", ".").removesuffix(".py")
+                        return cid, module, m.group(1), user
+                frame = ""
+    return ()
+
+
+def _rank_first(found: dict, family: str, cid: str, line: str) -> None:
+    """Put candidate ``cid`` first in ``family``'s list when the log holds ``line`` as evidence for it."""
+    m = found.get(family)
+    if m is None or not line or not m.candidates:
+        return
+    ranked = m.candidates
+    pick = [c for c in ranked if c[0] == cid]
+    if pick:
+        m.ranked = pick + [c for c in ranked if c[0] != cid]
+        why = f"This log points at {cid}: '{shorten(line, 100)}'."
+        if why not in m.extra:
+            m.extra = f"{m.extra} {why}".strip()
+
+
 def _fmt_secs(secs: int) -> str:
     return f"{secs // 60} min {secs % 60:02d} s" if secs >= 60 else f"{secs} s"
 
@@ -263,6 +363,11 @@ def refine(lines: Sequence[str], found: dict, by_id: dict, make: Callable) -> Ev
     # Long: at least half the timeout when the log gives it, else five minutes; a short validation pass
     # next to a real hang is not the cause.
     long_enough = ev.long_task_s >= (ev.timeout_ms // 2000 if ev.timeout_ms else 300)
+    # A progress bar that had not finished and had run about as long as the timeout (0.8x to 1.6x): that
+    # rank started its work when the others began to wait. A training bar runs far longer than the timeout.
+    if timed_out and not (ev.long_task and long_enough) and ev.timeout_ms and ev.bar_line \
+            and 0.8 * ev.timeout_ms / 1000 <= ev.bar_s <= 1.6 * ev.timeout_ms / 1000:
+        ev.long_task, ev.long_task_s, long_enough = ev.bar_line, ev.bar_s, True
     if timed_out and ev.long_task and long_enough:
         limit = f" (the timeout was {ev.timeout_ms // 1000} s)" if ev.timeout_ms else ""
         if add("slow-rank-timeout", ev.long_task, like=timed_out[0]):
@@ -359,6 +464,57 @@ def refine(lines: Sequence[str], found: dict, by_id: dict, make: Callable) -> Ev
         add("host-oom", like="killed-by-signal")
     if "host-oom" in found and ev.host_mem_pct is not None:
         note("host-oom", f"The job printed host memory at {ev.host_mem_pct:g}% used.")
+
+    # A bus error is /dev/shm running out in nearly every training job: say so, not only the signal.
+    if "killed-by-signal" in found and found["killed-by-signal"].extra.startswith("SIGBUS"):
+        add("shm-too-small", like="killed-by-signal")
+
+    # gloo looked up a name that is not an interface's: this host's own name does not resolve.
+    if "socket-ifname-missing" in found and ev.ifnames and all(k == "lookup" for k, _ in ev.ifnames) \
+            and not any(_IFACE_NAME.fullmatch(v.lstrip("^")) for _, v in ev.ifnames):
+        note("socket-ifname-missing", f"gloo looked up '{ev.ifnames[0][1]}', a host name: with no "
+                                      "GLOO_SOCKET_IFNAME set, this host's own name must resolve (getent hosts "
+                                      "$(hostname)); set GLOO_SOCKET_IFNAME to the interface to use.")
+
+    # ddpdoctor's own errors: the place is the caller's line, not ddpdoctor's.
+    for cid, names in _OWN_ERRORS.items():
+        if cid in found:
+            place = _caller_line(lines, names)
+            if place:
+                found[cid].groups = dict(found[cid].groups, where=place)
+                note(cid, f"Raised by your call at {place}.")
+
+    # A signal with nothing else to decide it: the causes it may be.
+    if "killed-by-signal" in found:
+        sig = found["killed-by-signal"].extra.split(".")[0].split()[0] if found["killed-by-signal"].extra else ""
+        if sig in _SIGNAL_FAMILIES and not found["killed-by-signal"].ranked:
+            found["killed-by-signal"].ranked = list(_SIGNAL_FAMILIES[sig])
+
+    # Versions the log prints, read against the table of facts.
+    facts = version_facts(lines) if any(c.startswith("nccl") for c in found) else []
+    for fact in facts:
+        for cid in [c for c in found if c.startswith("nccl")][:1]:
+            note(cid, fact)
+
+    # Families: the log's evidence puts one candidate first.
+    _rank_first(found, "nccl-system-error", "shm-too-small", ev.shm_sign)
+    _rank_first(found, "nccl-system-error", "container-network", ev.docker_sign)
+    if "nccl-remote-error" in found and not [s for s in ev.crash_signals if s != "SIGABRT"] and ev.net_last_error:
+        first = "nccl-ib-network" if ("NET/IB" in ev.net_last_error or "ibv_" in ev.net_last_error
+                                      or "NET/OFI" in ev.net_last_error) else "nccl-wrong-interface"
+        _rank_first(found, "nccl-remote-error", first, ev.net_last_error)
+
+    # An exception torch.distributed or accelerate raised itself, when nothing else explains the log.
+    if not found:
+        raised = _raised_in(lines)
+        if raised and add(raised[0], raised[2]):
+            where = f" Your call: {raised[3]}." if raised[3] else ""
+            note(raised[0], f"Raised in {raised[1]}.{where}")
+
+    # The families by source file stand only when nothing else explains the log.
+    if any(c not in AREA and c != "peer-closed" for c in found):
+        for cid in AREA:
+            found.pop(cid, None)
 
     # Drop the generic cause where a specific one explains the same failure.
     for generic, specifics in SUBSUMED_BY.items():

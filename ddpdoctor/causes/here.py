@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional, Sequence
 
 from ddpdoctor.causes.evidence import gather
+from ddpdoctor.causes.versions import NCCL_BF16, versions_in
 from ddpdoctor.system import nvml
 
 __all__ = ["Check", "HostFacts", "Probe", "check_here", "gather_facts", "render_here"]
@@ -227,6 +228,26 @@ def check_here(matches: Sequence, text: str, facts: HostFacts) -> list:
             say("nccl-not-built", "confirmed" if not facts.nccl_available else "ruled out",
                 f"torch {facts.torch_version} here {'has no' if not facts.nccl_available else 'has'} NCCL"
                 + (" (Windows)" if facts.windows else ""))
+    if "nccl-bf16-unsupported" in ids or "nccl-version-mismatch" in ids:
+        here_v = tuple(int(x) for x in re.findall(r"\d+", facts.nccl_version or "")[:3])
+        logged = versions_in(text.splitlines()).get("nccl")
+        if "nccl-bf16-unsupported" in ids:
+            if len(here_v) < 3:
+                say("nccl-bf16-unsupported", "unknown", f"NCCL here: {facts.nccl_version or 'n/a'}")
+            else:
+                old_here = here_v < NCCL_BF16
+                say("nccl-bf16-unsupported", "confirmed" if old_here else "ruled out",
+                    f"NCCL {facts.nccl_version} here {'has no' if old_here else 'has'} bfloat16 (2.10.3+)"
+                    + ("" if old_here else ": the job loaded another NCCL, or ran elsewhere"))
+        if "nccl-version-mismatch" in ids:
+            if len(here_v) < 3 or not logged:
+                say("nccl-version-mismatch", "unknown",
+                    f"NCCL here: {facts.nccl_version or 'n/a'}; the log prints no NCCL version to compare")
+            else:
+                same = here_v == logged
+                say("nccl-version-mismatch", "unknown" if same else "confirmed",
+                    f"NCCL here is {facts.nccl_version}, the log's rank printed {'.'.join(map(str, logged))}"
+                    + (": compare the other nodes" if same else ": this node differs"))
     if "nccl-library-mismatch" in ids:
         if facts.nccl_version:
             say("nccl-library-mismatch", "ruled out",

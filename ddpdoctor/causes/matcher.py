@@ -32,11 +32,20 @@ class Match:
     count: int = 0
     extra: str = ""
     groups: dict = field(default_factory=dict)  # the first match's named groups: fill ``{name}`` in the text
+    ranked: list = field(default_factory=list)  # a family's candidates as the log's evidence ordered them
 
     def to_dict(self) -> dict:
-        return {"id": self.cause.id, "title": self.cause.title, "ranks": sorted(self.ranks),
-                "evidence": self.evidence, "count": self.count, "meaning": self.meaning,
-                "confirm": self.confirm, "fix": self.fix}
+        doc = {"id": self.cause.id, "title": self.cause.title, "ranks": sorted(self.ranks),
+               "evidence": self.evidence, "count": self.count, "meaning": self.meaning,
+               "confirm": self.confirm, "fix": self.fix}
+        if self.candidates:
+            doc["candidates"] = [{"id": cid, "how_to_tell": how} for cid, how in self.candidates]
+        return doc
+
+    @property
+    def candidates(self) -> list:
+        """A family's candidate causes, likeliest first, as (id, how to tell); empty for a single cause."""
+        return list(self.ranked or self.cause.candidates)
 
     @property
     def meaning(self) -> str:

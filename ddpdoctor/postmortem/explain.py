@@ -63,6 +63,9 @@ def render_matches(matches: Sequence[Match], source: str, first: Optional[str] =
         out.append(f"- {m.cause.id}: {m.cause.title}{who}")
         out.append(f"    seen:    {m.evidence}" + (f"  [x{m.count}]" if m.count > 1 else ""))
         out.append(f"    means:   {m.meaning}")
+        if m.candidates:
+            out.append(f"    one of {len(m.candidates)} causes, the likeliest first; to tell them apart:")
+            out += [f"      {i}. {cid}: {how}" for i, (cid, how) in enumerate(m.candidates, 1)]
         out.append(f"    confirm: {m.confirm}")
         out.append(f"    fix:     {m.fix}")
     return out + tail

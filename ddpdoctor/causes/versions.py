@@ -1,0 +1,61 @@
+"""Versions as facts: what is known about the NCCL, CUDA and library versions a log prints.
+
+A small table, each fact with where it comes from, read against the versions in a log (``NCCL version
+2.14.3+cuda11.7``, ``torch==2.1.0``, ``PyTorch version: 1.13.1``). ``explain`` adds what applies to the
+causes it names; nothing here guesses a cause on its own.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional, Sequence
+
+__all__ = ["NCCL_BF16", "TORCH_BUNDLED_NCCL", "CUDA_FOR_ARCH", "versions_in", "version_facts"]
+
+NCCL_BF16 = (2, 10, 3)
+"""The first NCCL with bfloat16 (NVIDIA/nccl#476: 'NCCL 2.10.3 is now released with bfloat16 support')."""
+
+TORCH_BUNDLED_NCCL = {"1.13": "2.14.3", "2.0": "2.14.3", "2.1": "2.18.1", "2.2": "2.19.3", "2.3": "2.20.5",
+                      "2.4": "2.20.5", "2.5": "2.21.5"}
+"""The NCCL the Linux CUDA wheels of a torch release depend on (nvidia-nccl-cu1x on PyPI)."""
+
+CUDA_FOR_ARCH = {"sm_80": "11.0", "sm_86": "11.1", "sm_89": "11.8", "sm_90": "11.8", "sm_100": "12.8",
+                 "sm_120": "12.8"}
+"""The first CUDA toolkit that compiles for each GPU architecture (a torch wheel needs that CUDA or newer)."""
+
+_NCCL = re.compile(r"NCCL version (\d+)\.(\d+)\.(\d+)")
+_TORCH = re.compile(r"(?:\btorch==|PyTorch version:? |\btorch version:? |\btorch )(\d+)\.(\d+)\.(\d+)", re.I)
+
+
+def _parse(rx: re.Pattern, lines: Sequence[str]) -> Optional[tuple]:
+    for line in lines:
+        if "ersion" in line or "torch" in line:
+            m = rx.search(line[:4096])
+            if m:
+                return tuple(int(g) for g in m.groups())
+    return None
+
+
+def versions_in(lines: Sequence[str]) -> dict:
+    """{"nccl": (2, 14, 3), "torch": (1, 13, 1)}: the first of each the log prints (absent: not printed)."""
+    found = {"nccl": _parse(_NCCL, lines), "torch": _parse(_TORCH, lines)}
+    return {k: v for k, v in found.items() if v}
+
+
+def _dotted(v: tuple) -> str:
+    return ".".join(str(x) for x in v)
+
+
+def version_facts(lines: Sequence[str]) -> list:
+    """The table's facts that apply to the versions in ``lines``, as sentences."""
+    seen = versions_in(lines)
+    facts = []
+    nccl, torch = seen.get("nccl"), seen.get("torch")
+    if nccl and nccl < NCCL_BF16:
+        facts.append(f"The log shows NCCL {_dotted(nccl)}, older than 2.10.3: it has no bfloat16.")
+    if torch:
+        bundled = TORCH_BUNDLED_NCCL.get(f"{torch[0]}.{torch[1]}")
+        if bundled and nccl and _dotted(nccl) != bundled:
+            facts.append(f"torch {_dotted(torch)}'s wheels bring NCCL {bundled}, but the log shows NCCL {_dotted(nccl)}: "
+                         "another NCCL is loaded (a container's, LD_LIBRARY_PATH, a second nvidia-nccl wheel).")
+    return facts

@@ -1,0 +1,285 @@
+"""Extract the message templates the distributed-training stack prints, from pinned versions of its source.
+
+Writes ``templates.tsv`` beside this file: one row per message (emitter, file, version, template), the
+template being the message text with each formatted value replaced by ``{}``. ``tests/test_emitters.py``
+computes from that list which templates the cause catalogue covers (coverage per emitter).
+
+What is mined (issue 25), and how:
+
+- torch (Python): ``raise X("...")``, ``warnings.warn("...")`` and ``logger.warning/error("...")`` in the
+  distributed paths of an installed torch (``--torch DIR``: the package directory; the version is read from
+  ``version.py``): DDP, ``torch.distributed`` (c10d, elastic, run/launch, FSDP, rendezvous, checkpoint),
+  ``torch.multiprocessing`` and the DataLoader's worker errors. Parsed with :mod:`ast` (f-strings and
+  ``%``/``.format`` templates become ``{}``).
+- NCCL (C): ``WARN("...")`` and the error strings of ``ncclGetErrorString`` in ``src/`` of a git checkout
+  at a tag (``--nccl GITDIR@TAG``).
+- gloo (C++): ``GLOO_ENFORCE*``/``GLOO_THROW*``/``GLOO_ERROR_MSG`` messages (``--gloo GITDIR@REV``).
+- accelerate (Python): as torch, in ``src/accelerate`` at a tag (``--accelerate GITDIR@TAG``), the launch,
+  state, accelerator and distributed-utility modules.
+
+Not mined here: torch's C++ (c10d's reducer, ProcessGroupNCCL, TCPStore): the wheel holds no C++ sources
+and the pytorch snapshot (4 GB) is over what this workplace can fetch; see the report of issue 25.
+
+Run (the sources are fetched while developing, never committed):
+    python tests/data/emitters/extract.py --torch .../site-packages/torch \\
+        --nccl /work/.mirror/NVIDIA+nccl/repo@v2.30.7-1 --gloo /work/.mirror/pytorch+gloo/repo@70dc360 \\
+        --accelerate /work/.mirror/huggingface+accelerate/repo@v1.14.0
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import re
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "templates.tsv")
+
+TORCH_PATHS = ("nn/parallel/distributed.py", "distributed/", "multiprocessing/spawn.py",
+               "utils/data/dataloader.py", "utils/data/_utils/signal_handling.py", "utils/data/_utils/worker.py")
+TORCH_SKIP = ("distributed/_", "distributed/tensor/", "distributed/pipelining/", "distributed/rpc/",
+              "distributed/autograd/", "distributed/nn/api/", "distributed/benchmarks/", "distributed/examples/",
+              "distributed/optim/", "distributed/algorithms/_", "/test", "distributed/flight_recorder/")
+ACCELERATE_PATHS = ("src/accelerate/accelerator.py", "src/accelerate/state.py", "src/accelerate/commands/launch.py",
+                    "src/accelerate/utils/launch.py", "src/accelerate/utils/environment.py",
+                    "src/accelerate/utils/operations.py", "src/accelerate/utils/fsdp_utils.py",
+                    "src/accelerate/utils/dataclasses.py", "src/accelerate/data_loader.py")
+LOG_CALLS = {"warn", "warning", "error", "critical", "exception", "fatal"}
+PLACEHOLDER = "{}"
+_PRINTF = re.compile(r"%[-+ #0]*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|z|j|t|L)?[diouxXeEfgGcspn]|%\"PRI\w+\"?|%%")
+_C_STRING = r'"(?:[^"\\\n]|\\.)*"'
+
+
+# ---------------------------------------------------------------------------------------------- Python
+def _py_template(node) -> str | None:
+    """The text of a message expression with formatted values as ``{}``; None when it has no text."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else PLACEHOLDER for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _py_template(node.left), _py_template(node.right)
+        if left is None and right is None:
+            return None
+        return (left if left is not None else PLACEHOLDER) + (right if right is not None else PLACEHOLDER)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
+        left = _py_template(node.left)
+        return None if left is None else _PRINTF.sub(lambda m: "%" if m.group() == "%%" else PLACEHOLDER, left)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "format":
+        base = _py_template(node.func.value)
+        return None if base is None else re.sub(r"\{[^{}]*\}", PLACEHOLDER, base)
+    return None
+
+
+def _py_messages(source: str) -> list:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    out = []
+    for node in ast.walk(tree):
+        call = None
+        if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
+            call = node.exc
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in LOG_CALLS:
+            call = node
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "_log_and_throw":
+            call = node  # DDP's self._log_and_throw(ErrorType, "message")
+        if call is None or not call.args:
+            continue
+        text = _py_template(call.args[-1] if getattr(call.func, "attr", None) == "_log_and_throw" else call.args[0])
+        if text is not None and call is node and len(call.args) > 1:
+            text = _PRINTF.sub(lambda m: "%" if m.group() == "%%" else PLACEHOLDER, text)  # logger("%s", x)
+        if text is not None:
+            out.append(text)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- C/C++
+def _c_unescape(lit: str) -> str:
+    body = lit[1:-1]
+    return re.sub(r"\\(.)", lambda m: {"n": " ", "t": " "}.get(m.group(1), m.group(1)), body)
+
+
+def _balanced(text: str, start: int) -> str:
+    """The argument text of the call whose ``(`` is at ``start`` (strings and nesting honoured)."""
+    depth, i, n = 0, start, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == '"':
+            m = re.compile(_C_STRING).match(text, i)
+            i = m.end() if m else i + 1
+            continue
+        if ch == "'":
+            i = text.find("'", i + 2 if text[i + 1] == "\\" else i + 1) + 1 or n
+            continue
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                return text[start + 1:i]
+        i += 1
+    return text[start + 1:]
+
+
+def _split_args(args: str) -> list:
+    parts, depth, cur, i = [], 0, [], 0
+    while i < len(args):
+        ch = args[i]
+        if ch == '"':
+            m = re.compile(_C_STRING).match(args, i)
+            if m:
+                cur.append(m.group())
+                i = m.end()
+                continue
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+        i += 1
+    parts.append("".join(cur))
+    return [p.strip() for p in parts]
+
+
+def _c_template(args: list, printf: bool) -> str | None:
+    """Template from a call's arguments: adjacent literals joined; other arguments are ``{}`` (c10::str style),
+    or, for printf-style calls, the first argument's format with its conversions as ``{}``."""
+    pieces = []
+    for arg in args:
+        lits = re.findall(_C_STRING, arg)
+        if lits and re.fullmatch(r"(?:\s*" + _C_STRING + r"\s*|\s*[A-Z_]+\s*)+", arg):
+            pieces.append("".join(_c_unescape(x) for x in lits))
+        elif not printf:
+            pieces.append(PLACEHOLDER)
+        if printf and pieces:
+            break
+    if not any(p != PLACEHOLDER for p in pieces):
+        return None
+    text = "".join(pieces)
+    if printf:
+        text = _PRINTF.sub(lambda m: "%" if m.group() == "%%" else PLACEHOLDER, text)
+    return text
+
+
+def _c_messages(source: str, macros: dict) -> list:
+    out = []
+    for m in re.finditer(r"\b(" + "|".join(macros) + r")\s*\(", source):
+        args = _split_args(_balanced(source, m.end() - 1))
+        skip, printf = macros[m.group(1)]
+        text = _c_template(args[skip:], printf)
+        if text:
+            out.append(text)
+    return out
+
+
+NCCL_MACROS = {"WARN": (0, True)}
+GLOO_MACROS = {"GLOO_ENFORCE": (1, False), "GLOO_ENFORCE_EQ": (2, False), "GLOO_ENFORCE_NE": (2, False),
+               "GLOO_ENFORCE_LT": (2, False), "GLOO_ENFORCE_LE": (2, False), "GLOO_ENFORCE_GT": (2, False),
+               "GLOO_ENFORCE_GE": (2, False), "GLOO_THROW": (0, False), "GLOO_THROW_IO_EXCEPTION": (0, False),
+               "GLOO_THROW_INVALID_OPERATION_EXCEPTION": (0, False), "GLOO_ERROR_MSG": (0, False)}
+
+
+def _nccl_error_strings(source: str) -> list:
+    """The texts of ``ncclGetErrorString`` (``case ncclX: return "..."``)."""
+    body = source[source.find("ncclGetErrorString"):]
+    return [_c_unescape(lit) for lit in re.findall(r"case nccl\w+\s*:\s*return\s*(" + _C_STRING + ")", body[:6000])]
+
+
+# ---------------------------------------------------------------------------------------------- sources
+def _git(gitdir: str, *args) -> str:
+    return subprocess.run(["git", "--git-dir", gitdir, *args], check=True, capture_output=True, text=True,
+                          errors="replace").stdout
+
+
+def _git_files(spec: str) -> tuple:
+    gitdir, _, rev = spec.partition("@")
+    if not rev:
+        raise SystemExit(f"{spec}: give GITDIR@REV (a tag or commit), e.g. /path/repo@v2.30.7-1")
+    commit = _git(gitdir, "rev-parse", rev + "^{commit}").strip()
+    return gitdir, rev, commit, _git(gitdir, "ls-tree", "-r", "--name-only", commit).split("\n")
+
+
+def mine_torch(root: str) -> list:
+    ns: dict = {}
+    with open(os.path.join(root, "version.py"), encoding="utf-8") as f:
+        exec(compile(f.read(), "version.py", "exec"), ns)  # noqa: S102 - the package's own version file
+    version = ns["__version__"]
+    rows = []
+    for dirpath, _, files in os.walk(root):
+        for name in sorted(files):
+            rel = os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/")
+            if not name.endswith(".py") or not rel.startswith(TORCH_PATHS) or any(s in rel for s in TORCH_SKIP):
+                continue
+            with open(os.path.join(dirpath, name), encoding="utf-8") as f:
+                rows += [("torch", "torch/" + rel, version, t) for t in _py_messages(f.read())]
+    return rows
+
+
+def mine_git(emitter: str, spec: str) -> list:
+    gitdir, rev, commit, files = _git_files(spec)
+    version = rev if not re.fullmatch(r"[0-9a-f]{7,40}", rev) else commit[:12]
+    rows = []
+    for path in files:
+        if emitter == "nccl" and path.startswith("src/") and path.endswith((".cc", ".h", ".cu", ".c")):
+            text = _git(gitdir, "show", f"{commit}:{path}")
+            found = _c_messages(text, NCCL_MACROS)
+            if "ncclGetErrorString" in text and "case ncclSuccess" in text:  # printed bare, not as a WARN
+                rows += [(emitter, f"{path} (ncclGetErrorString)", version, t) for t in _nccl_error_strings(text)]
+        elif emitter == "gloo" and path.startswith("gloo/") and path.endswith((".cc", ".h")) and "/test" not in path \
+                and "/benchmark" not in path:
+            found = _c_messages(_git(gitdir, "show", f"{commit}:{path}"), GLOO_MACROS)
+        elif emitter == "accelerate" and path in ACCELERATE_PATHS:
+            found = _py_messages(_git(gitdir, "show", f"{commit}:{path}"))
+        else:
+            continue
+        rows += [(emitter, path, version, t) for t in found]
+    return rows
+
+
+def _clean(text: str) -> str:
+    text = re.sub(r"\s+", " ", text).strip()
+    return text
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--torch", help="an installed torch package directory")
+    ap.add_argument("--nccl", help="GITDIR@TAG of NVIDIA/nccl")
+    ap.add_argument("--gloo", help="GITDIR@REV of pytorch/gloo")
+    ap.add_argument("--accelerate", help="GITDIR@TAG of huggingface/accelerate")
+    ap.add_argument("--out", default=OUT)
+    args = ap.parse_args(argv)
+    if not any((args.torch, args.nccl, args.gloo, args.accelerate)):
+        ap.error("give at least one source: --torch, --nccl, --gloo or --accelerate")
+    rows = []
+    if args.torch:
+        rows += mine_torch(args.torch)
+    for emitter in ("nccl", "gloo", "accelerate"):
+        if getattr(args, emitter):
+            rows += mine_git(emitter, getattr(args, emitter))
+    seen, kept = set(), []
+    for emitter, path, version, text in rows:
+        text = _clean(text)
+        if len(text.replace(PLACEHOLDER, "").strip(" .:,")) < 8 or (emitter, text) in seen:
+            continue  # too little text to tell anything apart, or already listed
+        seen.add((emitter, text))
+        kept.append((emitter, path, version, text.replace("\t", " ")))
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write("emitter\tfile\tversion\ttemplate\n")
+        f.writelines("\t".join(r) + "\n" for r in kept)
+    counts = {e: sum(1 for r in kept if r[0] == e) for e in ("torch", "nccl", "gloo", "accelerate")}
+    print(f"wrote {os.path.relpath(args.out)}: {len(kept)} templates " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
