@@ -327,6 +327,7 @@ def test_json_on_a_full_disk_is_exit_74_not_2(cli_env, full_disk):
                        text=True, timeout=120)
     assert p.returncode == 74, p.stderr
     assert "2 passed" in p.stdout
+    assert p.stdout.rstrip().endswith("; exit 74"), p.stdout  # the footer says the real code (it said exit 0)
     assert p.stderr.startswith(f"error[json-write]: cannot write {target}: No space left on device")
     assert len(p.stderr.splitlines()) == 1
     assert sorted(os.listdir(full_disk)) == ["fill"]  # no half-written file or temporary left
@@ -337,6 +338,7 @@ def test_json_on_a_full_disk_is_exit_74_not_2(cli_env, full_disk):
                         "1", "--warmup", "0", "--json", str(full_disk / "b.json")], env=cli_env,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 74 and p.stderr.startswith("error[json-write]"), p.stderr
+    assert p.stdout.rstrip().endswith("; exit 74"), p.stdout
 
 
 # -- --only and names ---------------------------------------------------------------------------------

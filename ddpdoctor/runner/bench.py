@@ -56,7 +56,7 @@ def run_bench(*, nproc: Optional[int], backend: Optional[str], master_addr: str,
                          "rank has none", "use --nproc 2 or more (with one GPU: --backend gloo --nproc 2, on CPU)")
     from ddpdoctor.checks.collectives import bench_rows
     from ddpdoctor.diagnostics.collective_plan import render_table, select_ops
-    from ddpdoctor.report.terminal import Style, footer, header, render_result
+    from ddpdoctor.report.terminal import Style, command_seconds, footer, header, render_result
     from ddpdoctor.runner.options import RunOptions
     from ddpdoctor.runner.local import run_checks
 
@@ -99,11 +99,12 @@ def run_bench(*, nproc: Optional[int], backend: Optional[str], master_addr: str,
     if verbose:
         lines += [f"  {d}" for d in result.details[len(rows) + 2:]]
         lines += [f"  rank {o.rank}: {o.status.label}: {o.summary}" for o in result.outcomes]
-    lines.append(footer(report, False))
-    out.write("\n".join(lines) + "\n")
-    out.flush()
-    if json_path:
+    code = outcome.exit_code
+    if json_path:  # before the footer, which says the command's real exit code (74: the JSON not written)
         doc = {"schema": 1, "settings": settings, "world": report.world.to_dict(), "status": report.status.label,
                "exit_code": int(outcome.exit_code), "rows": rows, "report": report.to_dict()}
-        return save_json(json_path, doc, outcome.exit_code)
-    return outcome.exit_code
+        code = save_json(json_path, doc, code)
+    lines.append(footer(report, False, code, command_seconds()))
+    out.write("\n".join(lines) + "\n")
+    out.flush()
+    return code
