@@ -169,3 +169,39 @@ def test_a_model_package_found_nowhere_says_where_it_looked_and_how(capsys, tmp_
     assert f"no 'nosuchpkg_rough' in the working directory ({tmp_path})" in err
     assert "run ddpdoctor from the directory that holds nosuchpkg_rough/" in err
     assert "pip install -e ." in err
+
+
+# --- run: a straggler is named once ----------------------------------------------------------------
+
+class _Rank:
+    def __init__(self, rank: int) -> None:
+        self.rank, self.pid, self.info = rank, 4000 + rank, {"host": "node-a"}
+
+
+def _window(run_dir, t0: float, gaps: dict) -> None:
+    """Append one window of 6 collectives per rank to its ``coll-<pid>.txt`` (as the hook writes them):
+    each rank's own work between two collectives is ``gaps[rank]`` seconds, each collective 10 ms."""
+    for rank, gap in gaps.items():
+        with open(run_dir / f"coll-{4000 + rank}.txt", "a") as f:
+            for i in range(6):
+                start = t0 + i * (gap + 0.01)
+                f.write(f"{start:.6f} {start + 0.01:.6f}\n")
+
+
+def test_a_straggler_is_named_once_and_again_only_when_its_score_moves_or_it_recrosses(tmp_path):
+    from ddpdoctor.postmortem.straggle import StragglerWatch
+
+    watch = StragglerWatch(str(tmp_path), window=1.0, windows=1)
+    ranks = [_Rank(0), _Rank(1)]
+    assert watch.poll(0.0, ranks) == []  # the first window starts
+    said = []
+    # rank 1's own work: 2x rank 0's (score 0.50) for three windows, then 0.50 -> 0.53 (moved < 0.05),
+    # then 0.40 (moved 0.10: news), then as fast as rank 0 (recovered), then slow again (a new crossing)
+    for n, slow in enumerate([0.2, 0.2, 0.2, 0.19, 0.25, 0.1, 0.2], start=1):
+        _window(tmp_path, 100.0 * n, {0: 0.1, 1: slow})
+        said.append(watch.poll(float(n), ranks))
+    named = [len(lines) for lines in said]
+    assert named == [1, 0, 0, 0, 1, 0, 1], said
+    assert "rank 1 on node-a is a straggler: score 0.50" in said[0][0]
+    assert "score 0.40" in said[4][0] and "score 0.50" in said[6][0]
+    assert len(watch.summary()) == 1  # and once at the end
