@@ -467,12 +467,34 @@ def stacks(pids: tuple, wait: float) -> int:
 @click.option("--no-watch", "no_watch", multiple=True, metavar="NAMES",
               help="Turn off watches for silent bugs, comma-separated: sampler-epoch, data-plan, desync, bn-drift, "
                    "solo-wait (or DDPDOCTOR_WATCH_<NAME>=0).")
-@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option("--list", "list_runs", is_flag=True,
+              help="List the kept run directories under the runs root (age, size, verdict), then exit.")
+@click.option("--prune", metavar="AGE", default=None,
+              help="Remove the run directories older than AGE (7d, 12h, 30m) under the runs root: only those "
+                   "carrying ddpdoctor's run marker, only the files it lists, following no links.")
+@click.option("--dry-run", is_flag=True, help="With --prune: say what would be removed, remove nothing.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(hang_timeout: float, run_dir: Optional[str], keep: bool, keep_hung: bool, straggler_window: float,
-        straggler_windows: int, no_watch: tuple, command: tuple) -> int:
-    """Run a training command (after --) and explain it if it hangs or dies."""
+        straggler_windows: int, no_watch: tuple, list_runs: bool, prune: Optional[str], dry_run: bool,
+        command: tuple) -> int:
+    """Run a training command (after --) and explain it if it hangs or dies; or list (--list) or prune
+    (--prune AGE) the kept run directories."""
     from ddpdoctor.postmortem.jobrun import RunSpec, run_job
     from ddpdoctor.postmortem.watches import parse_no_watch
+
+    if dry_run and prune is None:
+        raise UsageError("run-usage", "--dry-run goes with --prune AGE", "add --prune 7d (or another age)")
+    if list_runs or prune is not None:
+        if command:
+            raise UsageError("run-usage", "--list and --prune manage the kept run directories and run no "
+                             f"command, but one was given ({_shown(' '.join(command))})",
+                             "drop the command, or drop --list/--prune")
+        from ddpdoctor.postmortem.runs import runs_command
+
+        return runs_command(list_runs, prune, dry_run)
+    if not command:
+        raise click.UsageError("Missing argument 'COMMAND...': the training command, after --",
+                               click.get_current_context())
 
     # a closed stdout or stderr (>&-) is already /dev/null here (__main__): the job runs, its code returned
     return run_job(RunSpec(command=list(command), hang_timeout=hang_timeout, run_dir=run_dir, keep=keep,

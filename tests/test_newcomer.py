@@ -205,3 +205,152 @@ def test_a_straggler_is_named_once_and_again_only_when_its_score_moves_or_it_rec
     assert "rank 1 on node-a is a straggler: score 0.50" in said[0][0]
     assert "score 0.40" in said[4][0] and "score 0.50" in said[6][0]
     assert len(watch.summary()) == 1  # and once at the end
+
+
+# --- run: the failure verdict says its cause once, whole ------------------------------------------
+
+PORT_TAKEN = textwrap.dedent("""\
+    import datetime
+    import socket
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+
+    def main(i):
+        held = socket.socket()
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        # a second server on the same port: torch's own error, over 160 characters, its name at the end
+        dist.TCPStore("127.0.0.1", held.getsockname()[1], 1, is_master=True, wait_for_workers=False,
+                      timeout=datetime.timedelta(seconds=1))
+
+
+    if __name__ == "__main__":
+        mp.spawn(main, nprocs=1)
+    """)
+
+
+@pytest.mark.timeout(180)
+def test_a_failure_verdict_says_its_cause_once_and_never_cuts_the_error_name(cli_env, tmp_path):
+    """A real EADDRINUSE in an mp.spawn job: the verdict's cause is process 0's exception, whole; the
+    launcher's "first failure" (the same process, the same exception) is not said again; it used to be,
+    cut at 160 characters (``name: EADDRI...``)."""
+    script = tmp_path / "port_taken.py"
+    script.write_text(PORT_TAKEN)
+    run_dir = tmp_path / "run"
+    p = subprocess.run([DDPDOCTOR, "run", "--hang-timeout", "60", "--dir", str(run_dir), "--", sys.executable,
+                        str(script)], env=cli_env, capture_output=True, text=True, timeout=150)
+    assert p.returncode == 1, p.stderr[-3000:]
+    verdict = p.stderr[p.stderr.index("ddpdoctor run: the job failed"):]
+    head = verdict.splitlines()[0]
+    assert head.startswith("ddpdoctor run: the job failed (exit 1); cause: process 0 of mp.spawn raised "
+                           "torch.distributed.DistNetworkError: The server socket has failed"), head
+    assert "name: EADDRINUSE, message: address already in use" in head, head
+    assert "EADDRI..." not in verdict and "first failure:" not in verdict, verdict  # once, whole
+    first = json.loads((run_dir / "verdict.json").read_text())["first_failure"]
+    assert first.startswith("process 0 of mp.spawn raised") and "EADDRINUSE, message: address already in use" in first
+
+
+# --- run: a long silence is announced, once --------------------------------------------------------
+
+QUIET = textwrap.dedent("""\
+    import os, sys, time
+    print("pid", os.getpid(), flush=True)
+    for step in range(2):
+        time.sleep(2.5)  # a silence longer than a third of --hang-timeout, shorter than it
+        print("step", step, flush=True)
+    """)
+
+
+@pytest.mark.timeout(120)
+def test_a_silence_of_a_third_of_the_hang_timeout_is_said_once_with_the_stacks_command(cli_env, tmp_path):
+    """No output, no progress for 1.5 s of a 4.5 s --hang-timeout: one line says so, when the verdict
+    would come and the command to look now (ddpdoctor printed nothing before its verdict). The second
+    silence, within the minute, is not announced again; the job is untouched (exit 0)."""
+    script = tmp_path / "quiet.py"
+    script.write_text(QUIET)
+    p = subprocess.run([DDPDOCTOR, "run", "--hang-timeout", "4.5", "--", sys.executable, str(script)], env=cli_env,
+                       capture_output=True, text=True, timeout=100)
+    assert p.returncode == 0, p.stderr[-3000:]
+    pid = int(re.search(r"^pid (\d+)$", p.stdout, re.MULTILINE).group(1))
+    said = [line for line in p.stderr.splitlines() if "no progress" in line]
+    assert len(said) == 1, p.stderr
+    assert re.fullmatch(r"ddpdoctor run: no progress for [12] s on any rank; verdict at 4\.5 s; "
+                        rf"`ddpdoctor stacks {pid}` to look now", said[0]), said
+    assert p.stderr.splitlines()[-1].startswith("ddpdoctor run: 1 process, exit 0 in ")
+
+
+# --- run --list, run --prune -----------------------------------------------------------------------
+
+def _kept_run(root, name: str, age_s: float, complete: bool = True, pid=None, link_to=None):
+    """A run directory as ``ddpdoctor run`` leaves it (its own code makes it: the hook, the marker, a
+    verdict), its marker dated ``age_s`` seconds back."""
+    from ddpdoctor.postmortem.rundir import MARKER, prepare_run_dir
+
+    rd = prepare_run_dir(str(root / name))
+    (root / name / "verdict.json").write_text(json.dumps({"headline": f"hung: {name}"}))
+    (root / name / "output.raw.log").write_text("x" * 1000)
+    if link_to is not None:  # a link where the run's stacks.txt is (listed by its marker)
+        (root / name / "stacks.txt").symlink_to(link_to)
+    rd.seal(complete=complete)
+    marker = root / name / MARKER
+    record = json.loads(marker.read_text())
+    record["written"] = time.time() - age_s
+    if pid is not None:
+        record["pid"] = pid
+    marker.write_text(json.dumps(record))
+    return root / name
+
+
+def test_run_list_and_prune_remove_only_old_marked_run_directories_and_follow_no_link(capsys, tmp_path,
+                                                                                      monkeypatch):
+    from ddpdoctor.postmortem.rundir import MARKER
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    root = tmp_path / "state" / "ddpdoctor" / "runs"
+    root.mkdir(parents=True)
+    day = 86400.0
+    outside = tmp_path / "outside.txt"
+    outside.write_text("the user's")
+    _kept_run(root, "b-old", 8 * day, link_to=outside)  # a link inside a run: removed as a link, its target kept
+    mixed = _kept_run(root, "a-old-with-user-file", 9 * day)
+    (mixed / "checkpoint.pt").write_text("the user's")
+    _kept_run(root, "c-new", 3600)
+    _kept_run(root, "g-running", 10 * day, complete=False, pid=os.getpid())
+    (root / "d-no-marker").mkdir()
+    elsewhere = _kept_run(tmp_path, "e-target", 30 * day)  # a run directory outside the root ...
+    (root / "e-link").symlink_to(elsewhere)  # ... linked into it: never followed
+    fake = root / "f-linked-marker"
+    fake.mkdir()
+    (fake / MARKER).symlink_to(elsewhere / MARKER)
+    os.utime(root / "d-no-marker", (time.time() - 20 * day,) * 2)
+    before = sorted(os.listdir(root))
+
+    code, out, err = _main(capsys, ["run", "--list"])
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith(f"ddpdoctor run: 4 run directories under {root} (")
+    assert lines[0].endswith("; 3 other entries (no run marker) left alone"), lines[0]
+    assert [line.split()[0] for line in lines[1:]] == ["g-running", "a-old-with-user-file", "b-old", "c-new"]
+    assert lines[1].endswith("running") and lines[3].endswith("hung: b-old") and "8d ago" in lines[3]
+
+    code, out, err = _main(capsys, ["run", "--prune", "7d", "--dry-run"])
+    assert code == 0, err
+    assert out.splitlines()[0].startswith(f"ddpdoctor run: would remove 2 run directories older than 7d under {root}")
+    assert "1 newer kept; 1 still running, untouched" in out.splitlines()[0]
+    assert sorted(os.listdir(root)) == before  # nothing removed
+
+    code, out, err = _main(capsys, ["run", "--prune", "7d"])
+    assert code == 0, err
+    assert out.splitlines()[0].startswith(f"ddpdoctor run: removed 1 run directory older than 7d under {root}")
+    assert "1 kept: they hold files that are not ddpdoctor's" in out
+    assert sorted(os.listdir(root)) == ["a-old-with-user-file", "c-new", "d-no-marker", "e-link",
+                                        "f-linked-marker", "g-running"]
+    assert os.listdir(mixed) == ["checkpoint.pt"]  # ddpdoctor's files gone, the user's kept
+    assert outside.read_text() == "the user's" and (elsewhere / MARKER).is_file()  # nothing through a link
+    assert (root / "g-running" / MARKER).is_file() and (root / "f-linked-marker" / MARKER).is_symlink()
+
+    for bad in ("7x", "-1d", "0", ""):
+        code, out, err = _main(capsys, ["run", "--prune", bad])
+        assert code == 2 and out == "" and len(err.splitlines()) == 1, (bad, err)
+        assert err.startswith(f"error[bad-age]: --prune '{bad}' is not an age; use a number and a unit: 7d"), err
