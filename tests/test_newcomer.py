@@ -262,6 +262,7 @@ QUIET = textwrap.dedent("""\
     """)
 
 
+@pytest.mark.serial  # its silences are timed against --hang-timeout: with no other test's load
 @pytest.mark.timeout(120)
 def test_a_silence_of_a_third_of_the_hang_timeout_is_said_once_with_the_stacks_command(cli_env, tmp_path):
     """No output, no progress for 1.5 s of a 4.5 s --hang-timeout: one line says so, when the verdict
@@ -354,3 +355,75 @@ def test_run_list_and_prune_remove_only_old_marked_run_directories_and_follow_no
         code, out, err = _main(capsys, ["run", "--prune", bad])
         assert code == 2 and out == "" and len(err.splitlines()) == 1, (bad, err)
         assert err.startswith(f"error[bad-age]: --prune '{bad}' is not an age; use a number and a unit: 7d"), err
+
+
+# --- bench prints each row as it is measured ------------------------------------------------------
+
+GATE = textwrap.dedent("""\
+    # Loaded with DDPDOCTOR_PLUGINS: rank 0 times the 16-byte row only once the gate file exists (the
+    # test opens it when it has read the 8-byte row); it gives up after 30 s and says so.
+    import os, time
+    from ddpdoctor.checks.collectives import CollectivesBenchCheck
+
+    _arrive = CollectivesBenchCheck.arrive
+
+
+    def _gated(self, ctx, step):
+        gate = os.environ["ROUGH_GATE"]
+        if ctx.rank == 0 and step.size_bytes >= 16 and not os.path.exists(gate + ".passed"):
+            deadline = time.monotonic() + 30
+            while not os.path.exists(gate) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            open(gate + (".passed" if os.path.exists(gate) else ".timeout"), "w").close()
+        _arrive(self, ctx, step)
+
+
+    CollectivesBenchCheck.arrive = _gated
+    CHECKS = []
+    """)
+
+
+@pytest.mark.timeout(120)
+def test_bench_prints_its_header_at_once_and_each_row_as_it_is_measured(cli_env, tmp_path):
+    """The 16-byte row cannot be measured until the test has read the 8-byte row: with the whole table
+    printed at the end (as before), the sweep waits at the gate until it gives up."""
+    (tmp_path / "rough_gate.py").write_text(GATE)
+    gate = tmp_path / "gate"
+    env = {**cli_env, "PYTHONPATH": f"{tmp_path}{os.pathsep}{cli_env['PYTHONPATH']}",
+           "DDPDOCTOR_PLUGINS": "rough_gate", "ROUGH_GATE": str(gate)}
+    lines: list = []
+    with subprocess.Popen([DDPDOCTOR, "bench", "--nproc", "2", "--ops", "all_reduce(sum)", "--max-bytes", "16",
+                           "--iters", "1", "--warmup", "0"], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, bufsize=0) as proc:
+        _read_lines_opening_the_gate(proc, lines, gate)
+        proc.wait(timeout=30)
+        err = proc.stderr.read().decode()
+    assert proc.returncode == 0, "\n".join(lines) + err
+    assert (tmp_path / "gate.passed").exists() and not (tmp_path / "gate.timeout").exists(), lines
+    assert lines[0] == "ddpdoctor 0.1.0: local world of 2 ranks (gloo) on 1 node"
+    assert lines[2].split() == ["#", "size", "count", "type", "op", "time", "algbw", "busbw", "#wrong"]
+    assert [line.split()[0] for line in lines[4:6]] == ["8", "16"]  # each row once, in order
+    assert lines[6].startswith("[ok]    collectives-bench  2 rows exact on every rank")
+
+
+def _read_lines_opening_the_gate(proc, lines: list, gate) -> None:
+    """Read ``proc``'s output as it is written (90 s at most); open the gate when the 8-byte row came."""
+    import select
+
+    pending = b""
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if not select.select([proc.stdout], [], [], 1.0)[0]:
+                continue
+            chunk = os.read(proc.stdout.fileno(), 65536)  # what was written so far, unbuffered
+            if not chunk:
+                break
+            *done, pending = (pending + chunk).split(b"\n")
+            for line in (d.decode() for d in done):
+                lines.append(line)
+                if line.split()[:4] == ["8", "2", "float32", "all_reduce(sum)"]:
+                    gate.touch()  # the first row is on screen while the sweep still runs
+    except BaseException:
+        proc.kill()
+        raise
