@@ -30,36 +30,52 @@ def _main(capsys, args: list) -> tuple:
     return exited.value.code, out.out, out.err
 
 
-# --- check's footer, locate's rounds ---------------------------------------------------------------
+# --- check's footer, check --model from the working directory ------------------------------------
+
+MODELS = textwrap.dedent("""\
+    import torch
+
+
+    def build():
+        torch.manual_seed(0)
+        return torch.nn.Linear(4, 2)
+    """)
+
 
 @pytest.mark.timeout(180)
-def test_check_footer_counts_the_whole_command_not_only_the_world(cli_env, tmp_path):
-    """The footer's time is what the user waited: start-up included. A start-up made 3 s slow (a
-    sitecustomize that sleeps, as a slow shared filesystem would) shows in the footer; the report's own
-    duration (the JSON's) does not count it, and the footer used to print that one."""
-    (tmp_path / "sitecustomize.py").write_text(
-        "import os, time\nif os.environ.pop('ROUGH_SLOW_START', None):\n    time.sleep(3.0)\n")
-    env = {**cli_env, "PYTHONPATH": f"{tmp_path}{os.pathsep}{cli_env['PYTHONPATH']}", "ROUGH_SLOW_START": "1"}
+def test_check_footer_counts_the_whole_command_and_model_is_found_in_the_working_directory(cli_env, tmp_path):
+    """One check run, two promises (one world, to keep the suite short):
+
+    - the footer's time is what the user waited, start-up included: a start-up made 2 s slow (a
+      sitecustomize that sleeps, as a slow shared filesystem would) shows in the footer; the report's own
+      duration (the JSON's) does not count it, and the footer used to print that one;
+    - ``--model mypkg.models:build`` with ``mypkg`` next to the user, not installed: the ``ddpdoctor``
+      script's import path starts at its own folder, so the import failed; now the working directory
+      is looked at (last), on every rank."""
+    site, project = tmp_path / "site", tmp_path / "project"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, time\nif os.environ.pop('ROUGH_SLOW_START', None):\n    time.sleep(2.0)\n")
+    (project / "mypkg").mkdir(parents=True)
+    (project / "mypkg" / "__init__.py").write_text("")
+    (project / "mypkg" / "models.py").write_text(MODELS)
+    # no empty entry on PYTHONPATH (it means the working directory, and would hide the bug)
+    path = os.pathsep.join([str(site)] + [p for p in cli_env["PYTHONPATH"].split(os.pathsep) if p])
+    env = {**cli_env, "PYTHONPATH": path, "ROUGH_SLOW_START": "1"}
     target = tmp_path / "r.json"
     began = time.monotonic()
-    p = subprocess.run([DDPDOCTOR, "check", "--nproc", "2", "--only", "env,port", "--json", str(target)],
-                       env=env, capture_output=True, text=True, timeout=150)
+    p = subprocess.run([DDPDOCTOR, "check", "--nproc", "2", "--only", "env,port,param-sync", "--model",
+                        "mypkg.models:build", "--input-shape", "2,4", "--json", str(target)],
+                       cwd=project, env=env, capture_output=True, text=True, timeout=150)
     waited = time.monotonic() - began
     assert p.returncode == 0, p.stdout + p.stderr
-    m = re.search(r"^2 passed in ([0-9.]+)s; exit 0$", p.stdout, re.MULTILINE)
+    assert "[ok]    param-sync" in p.stdout, p.stdout
+    m = re.search(r"^3 passed in ([0-9.]+)s; exit 0$", p.stdout, re.MULTILINE)
     assert m, p.stdout
     shown = float(m.group(1))
     world = json.loads(target.read_text())["duration"]
-    assert shown >= world + 2.9, (shown, world)  # the 3 s start-up is in it
+    assert shown >= world + 1.9, (shown, world)  # the 2 s start-up is in it
     assert shown <= waited + 0.1, (shown, waited)  # and nothing that did not happen
-
-
-@pytest.mark.timeout(120)
-def test_locate_says_one_round_in_the_singular(cli_env):
-    p = subprocess.run([DDPDOCTOR, "locate", "--nproc", "2", "--iters", "1", "--size", "1K"], env=cli_env,
-                       capture_output=True, text=True, timeout=100)
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "1 node, 1 round in " in p.stdout and "1 rounds" not in p.stdout, p.stdout
 
 
 # --- click's messages and the help texts -----------------------------------------------------------
@@ -133,33 +149,7 @@ def test_env_exits_1_when_it_prints_a_failure(capsys, clean_launcher_env):
     assert code == 1
 
 
-# --- check --model finds the project's package ------------------------------------------------------
-
-MODELS = textwrap.dedent("""\
-    import torch
-
-
-    def build():
-        torch.manual_seed(0)
-        return torch.nn.Linear(4, 2)
-    """)
-
-
-@pytest.mark.timeout(120)
-def test_model_is_found_in_the_working_directory_as_python_m_would(cli_env, tmp_path):
-    """``mypkg`` next to the user, not installed: the ``ddpdoctor`` script's import path starts at its
-    own folder, so the import failed; now the working directory is looked at (last), on every rank."""
-    (tmp_path / "mypkg").mkdir()
-    (tmp_path / "mypkg" / "__init__.py").write_text("")
-    (tmp_path / "mypkg" / "models.py").write_text(MODELS)
-    # no empty entry on PYTHONPATH (it means the working directory, and hid the bug)
-    path = os.pathsep.join(p for p in cli_env["PYTHONPATH"].split(os.pathsep) if p)
-    p = subprocess.run([DDPDOCTOR, "check", "--nproc", "2", "--only", "param-sync", "--model", "mypkg.models:build",
-                        "--input-shape", "2,4"], cwd=tmp_path, env={**cli_env, "PYTHONPATH": path},
-                       capture_output=True, text=True, timeout=100)
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "[ok]    param-sync" in p.stdout, p.stdout
-
+# --- check --model: a package found nowhere ---------------------------------------------------------
 
 def test_a_model_package_found_nowhere_says_where_it_looked_and_how(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

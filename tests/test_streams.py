@@ -90,7 +90,11 @@ def test_bench_and_locate_with_stdout_closed_write_their_json(cli_env, tmp_path)
         p = _shell(cli_env, ">&-", args + ["--json", str(target)], timeout=300)
         _no_traceback(p.stderr)
         assert p.returncode == 0, p.stderr
-        assert json.loads(target.read_text())["exit_code"] == 0
+        doc = json.loads(target.read_text())
+        assert doc["exit_code"] == 0
+        if args[0] == "locate":  # one node takes one round, said in the singular (it said "1 rounds")
+            summary = next(c["summary"] for c in doc["checks"] if c["name"] == "locate")
+            assert "1 node, 1 round in " in summary, summary
 
 
 @pytest.mark.timeout(300)
