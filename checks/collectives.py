@@ -424,9 +424,26 @@ class CollectivesBenchCheck(CollectivesCheck):
             found["wrong"].append({"seq": self._seq, "label": step.label, "group": "world", "op": op,
                                    "dtype": dtype, "count": count, **bad})
         t = time_step(step, iters, warmup, lambda s: self.arrive(ctx, s), ctx.device)
-        found["timings"].append({"op": op, "family": OPS[op], "dtype": dtype, "count": count,
-                                 "size": step.size_bytes, "elements": step.size_bytes // step.element_size,
-                                 "wrong": bad["wrong"] if bad else 0, **t})
+        entry = {"op": op, "family": OPS[op], "dtype": dtype, "count": count, "size": step.size_bytes,
+                 "elements": step.size_bytes // step.element_size, "wrong": bad["wrong"] if bad else 0, **t}
+        # for the table printed as it is measured (measured(), on the supervisor): outside the timed calls
+        ctx.store.set(row_key(self.name, len(found["timings"]), ctx.rank), json.dumps(entry))
+        found["timings"].append(entry)
+
+    def measured(self, store: Any, world: WorldInfo) -> list:
+        """The rows every rank has timed since the last call, in sweep order (``bench`` prints each at once)."""
+        rows = []
+        n = world.world_size
+        shown = getattr(self, "_rows_shown", 0)
+        while n:
+            keys = [row_key(self.name, shown, r) for r in range(n)]
+            if not store.check(keys):  # not every rank timed this row yet: never waits
+                break
+            entries = {r: json.loads(store.get(k)) for r, k in enumerate(keys)}
+            rows.append(bench_row(entries[0], entries, n))
+            shown += 1
+        self._rows_shown = shown
+        return rows
 
     def merge(self, outcomes: Sequence[Outcome], world: WorldInfo) -> CheckResult:
         result = super().merge(outcomes, world)
@@ -458,18 +475,25 @@ def bench_rows(outcomes: Sequence[Outcome], n: int) -> list[dict]:
     if not per_rank or not all(per_rank.values()):
         return []
     first = per_rank[min(per_rank)]
-    rows = []
-    for i, case in enumerate(first):
-        times = {r: t[i]["time_us"] for r, t in per_rank.items() if len(t) > i}
-        lags = {r: t[i]["lag_us"] for r, t in per_rank.items() if len(t) > i}
-        mean = statistics.mean(times.values())
-        algbw, busbw = bandwidth(case["size"], mean, case["family"], n)
-        rows.append({"size": case["size"], "count": case["elements"], "dtype": case["dtype"], "op": case["op"],
-                     "family": case["family"], "time_us": mean, "algbw": algbw, "busbw": busbw,
-                     "wrong": sum(t[i].get("wrong", 0) for t in per_rank.values() if len(t) > i),
-                     "rank_time_us": {str(r): round(v, 2) for r, v in sorted(times.items())},
-                     "rank_lag_us": {str(r): round(v, 2) for r, v in sorted(lags.items())}})
-    return rows
+    return [bench_row(case, {r: t[i] for r, t in per_rank.items() if len(t) > i}, n) for i, case in enumerate(first)]
+
+
+def bench_row(case: dict, entries: dict, n: int) -> dict:
+    """One row of the table from each rank's timing of one case (``entries``: rank -> its timing)."""
+    times = {r: e["time_us"] for r, e in entries.items()}
+    lags = {r: e["lag_us"] for r, e in entries.items()}
+    mean = statistics.mean(times.values())
+    algbw, busbw = bandwidth(case["size"], mean, case["family"], n)
+    return {"size": case["size"], "count": case["elements"], "dtype": case["dtype"], "op": case["op"],
+            "family": case["family"], "time_us": mean, "algbw": algbw, "busbw": busbw,
+            "wrong": sum(e.get("wrong", 0) for e in entries.values()),
+            "rank_time_us": {str(r): round(v, 2) for r, v in sorted(times.items())},
+            "rank_lag_us": {str(r): round(v, 2) for r, v in sorted(lags.items())}}
+
+
+def row_key(check: str, row: int, rank: int) -> str:
+    """Control-store key where ``rank`` puts its timing of row number ``row`` of the bench sweep."""
+    return f"ddpdoctor/coll/row/{check}/{row}/{rank}"
 
 
 def _skips(data: dict) -> list[str]:

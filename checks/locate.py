@@ -24,7 +24,7 @@ from typing import Any, Optional, Sequence
 
 from ddpdoctor.check import Check, CheckResult, RankContext, Requirements, WorldInfo
 from ddpdoctor.locate.planner import Judge, Locator, Probe, Reading
-from ddpdoctor.result import Outcome, Status, format_ranks
+from ddpdoctor.result import Outcome, Status, count, format_ranks
 
 __all__ = ["LocateCheck", "describe_suspect"]
 
@@ -111,7 +111,7 @@ class LocateCheck(Check):
         data = {"hosts": names, "ranks": {str(n): rs for n, rs in ranks.items()}, "node": node,
                 "seconds": round(time.perf_counter() - start, 3), "size": size,
                 "verdict": verdict.to_dict() if ctx.rank == 0 else None}
-        return ctx.passed(f"{verdict.rounds} rounds", data=data)
+        return ctx.passed(count(verdict.rounds, "round"), data=data)
 
     def named_silent(self, outcomes: Sequence[Outcome]) -> frozenset:
         """The ranks of the nodes the verdict names silent: the runner need not wait for them."""
@@ -130,7 +130,7 @@ class LocateCheck(Check):
         ranks = {int(k): rs for k, rs in lead.data["ranks"].items()}
         b = v.get("baseline") or {}
         base = f"median pair busbw {b['median_busbw']:.3g} GB/s" if b.get("count") else "no pair baseline"
-        head = f"{len(hosts)} node{'s' if len(hosts) != 1 else ''}, {v['rounds']} rounds in {lead.data['seconds']:.1f}s; {base}"
+        head = f"{len(hosts)} node{'s' if len(hosts) != 1 else ''}, {count(v['rounds'], 'round')} in {lead.data['seconds']:.1f}s; {base}"
         details = [f"round {r['round']} {r['kind']:6s} nodes {','.join(map(str, r['nodes']))}: "
                    + (f"{r['busbw']:.3g} GB/s, {r['latency_us']:.3g} us" if r["busbw"] is not None else
                       "no answer" + (f" ({r['error']})" if r.get("error") else ""))

@@ -92,7 +92,7 @@ class ParamSyncCheck(ModelCheck):
             return ctx.failed(f"still out of sync after DDP construction: {_short(exc)}",
                               hint="build the same model on every rank (same architecture, "
                                    "same parameter shapes and dtypes)",
-                              finding="param-desync-after-ddp", details=details + [str(exc)], data=data)
+                              finding="param-desync-after-ddp", details=details + [exc.message], data=data)
         details.append("after DistributedDataParallel(model): parameters and buffers in sync "
                        "(rank 0's state was broadcast)")
 
@@ -147,12 +147,12 @@ class ParamSyncCheck(ModelCheck):
                     return ctx.failed(f"gradients differ across ranks at step {step + 1}: {_short(exc)}",
                                       hint="let DDP reduce the gradients: call backward on the DDP "
                                            "module's output and do not modify .grad on some ranks only",
-                                      finding="grad-desync", details=details + [str(exc)], data=data)
+                                      finding="grad-desync", details=details + [exc.message], data=data)
                 when = f"after step {step}'s update or in step {step + 1}" if step else f"in step {step + 1}"
                 return ctx.failed(f"parameters differ across ranks {when}: {_short(exc)}",
                                   hint="change parameters only through the optimizer, identically on "
                                        "every rank (no rank-dependent in-place updates in forward)",
-                                  finding="param-desync-after-step", details=details + [str(exc)],
+                                  finding="param-desync-after-step", details=details + [exc.message],
                                   data=data)
             sgd_step(ddp.parameters(), momentum, lr=0.05, momentum=0.9)
         try:
@@ -161,7 +161,7 @@ class ParamSyncCheck(ModelCheck):
             return ctx.failed(f"parameters differ across ranks after step {STEPS}: {_short(exc)}",
                               hint="update parameters only through the optimizer, identically "
                                    "on every rank",
-                              finding="param-desync-after-step", details=details + [str(exc)],
+                              finding="param-desync-after-step", details=details + [exc.message],
                               data=data)
         details.append(f"{STEPS} SGD steps on rank-dependent data: gradients matched, parameters "
                        "stayed in sync (buffers such as BatchNorm statistics: see bn-sync)")

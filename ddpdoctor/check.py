@@ -247,6 +247,12 @@ class Check:
         the control ``store``; the default keeps the runner's report."""
         return result
 
+    def measured(self, store: Any, world: WorldInfo) -> list:
+        """Supervisor side, polled while the ranks run this check: what they measured since the last
+        call, read from the control ``store`` (``bench``'s rows, each as soon as every rank timed it), for
+        the progress to show at once. Must not block. The default: nothing."""
+        return []
+
 
 @dataclass
 class Findings:

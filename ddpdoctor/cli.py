@@ -17,7 +17,7 @@ import click
 
 from ddpdoctor import __version__
 from ddpdoctor.errors import DdpdoctorError, UsageError
-from ddpdoctor.exitcodes import EXIT_CODE_HELP, ExitCode
+from ddpdoctor.exitcodes import EXIT_CODE_HELP, ExitCode, exit_code_help
 from ddpdoctor.runner.options import (Interrupted, install_interrupt_handlers, note_pending, raise_pending,
                                       terminate_as_interrupt)
 
@@ -131,8 +131,8 @@ class _Group(click.Group):
             click.echo(exc.ctx.get_help() if exc.ctx else "", err=False)
             sys.exit(ExitCode.OK)
         except click.UsageError as exc:
-            cmd = exc.ctx.command_path if exc.ctx else "ddpdoctor"
-            click.echo(f"error[usage]: {exc.format_message()}; see '{cmd} --help'", err=True)
+            cmd = exc.ctx.command_path if exc.ctx and exc.ctx.command is not self else self._named(args)
+            click.echo(f"error[usage]: {_sentence(exc.format_message())}; see '{cmd} --help'", err=True)
             sys.exit(ExitCode.USAGE)
         except click.Abort:  # click's word for a Ctrl-C it caught itself
             click.echo(f"interrupted by SIGINT; exit {int(ExitCode.INTERRUPTED)}", err=True)
@@ -160,6 +160,21 @@ class _Group(click.Group):
         except OSError as exc:
             _output_failed(exc)
         sys.exit(rv if isinstance(rv, int) else ExitCode.OK)
+
+
+    def _named(self, args: Optional[Sequence[str]]) -> str:
+        """``ddpdoctor check`` when the command line names one (click's parser errors, ``--only`` with no
+        value, carry no command): its own help is the one to read; else ``ddpdoctor``."""
+        words = list(sys.argv[1:] if args is None else args)
+        name = next((w for w in words if not w.startswith("-")), None)
+        return f"ddpdoctor {name}" if name in self.commands else "ddpdoctor"
+
+
+def _sentence(message: str) -> str:
+    """click's message without its closing full stop: ours goes on after it (``'nccl'; see ...``), and
+    ``'nccl'.; see`` read as a typo. An ellipsis (a value cut short) stays."""
+    message = message.rstrip().replace(". (Did you mean", " (did you mean")
+    return message[:-1] if message.endswith(".") and not message.endswith("..") else message
 
 
 def _internal(exc: BaseException) -> None:
@@ -197,7 +212,7 @@ def cli(ctx: click.Context) -> None:
         raise_pending()  # a signal during start-up stops the command now ('check' reports what ran)
 
 
-@cli.command(epilog=EXIT_CODE_HELP)
+@cli.command(epilog=exit_code_help("check"))
 @_world_options
 @click.option("--only", multiple=True, metavar="NAMES", help="Run only these checks (comma-separated).")
 @click.option("--skip", multiple=True, metavar="NAMES", help="Skip these checks (comma-separated).")
@@ -262,7 +277,7 @@ def _interrupted_at_start(exc: BaseException, checks: Sequence[Any], nproc: Opti
 def _finish_check(outcome: Any, progress: Any, verbose: bool, strict: bool, json_path: Optional[str]) -> int:
     """Print the rest of the report and the footer, write --json; the exit code."""
     from ddpdoctor.report.document import save_json
-    from ddpdoctor.report.terminal import Style, footer, header, render_result
+    from ddpdoctor.report.terminal import Style, command_seconds, footer, header, render_result
 
     if outcome.reported_elsewhere():
         return outcome.exit_code
@@ -278,11 +293,12 @@ def _finish_check(outcome: Any, progress: Any, verbose: bool, strict: bool, json
     for result in report.results:
         if result.name not in printed:
             out.write("\n".join(render_result(result, style, width, verbose)) + "\n")
-    out.write(footer(report, strict) + "\n")
+    code = outcome.exit_code
+    if json_path:  # before the footer, which says the command's real exit code (74: the JSON not written)
+        code = save_json(json_path, report.to_dict(strict), code)
+    out.write(footer(report, strict, code, command_seconds()) + "\n")
     out.flush()
-    if json_path:
-        return save_json(json_path, report.to_dict(strict), outcome.exit_code)
-    return outcome.exit_code
+    return code
 
 
 @cli.command(name="list")
@@ -298,7 +314,7 @@ def list_checks() -> int:
     return ExitCode.OK
 
 
-@cli.command(epilog=EXIT_CODE_HELP)
+@cli.command(epilog=exit_code_help("bench"))
 @_world_options
 @click.option("--min-bytes", type=Number(_size, 1, 1 << 34), default="8", show_default=True, help="Smallest size (bytes; K/M/G suffixes).")
 @click.option("--max-bytes", type=Number(_size, 1, 1 << 34), default="16M", show_default=True, help="Largest size (bytes; K/M/G suffixes).")
@@ -324,7 +340,7 @@ def bench(nproc: Optional[int], backend: Optional[str], master_addr: str, master
                      timeout=timeout, json_path=json_path, mode=mode or "auto", verbose=verbose)
 
 
-@cli.command(epilog=EXIT_CODE_HELP)
+@cli.command(epilog=exit_code_help("locate"))
 @_world_options
 @click.option("--size", type=Number(_size, 1, 1 << 34), default="4M", show_default=True,
               help="Bytes per all_reduce in each test (K/M/G suffixes).")
@@ -359,27 +375,33 @@ def locate(nproc: Optional[int], backend: Optional[str], master_addr: str, maste
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the facts as JSON.")
 def env(as_json: bool) -> int:
-    """Print the environment report alone (copy-paste ready for a bug report)."""
+    """Print the environment report alone (copy-paste ready for a bug report): which ddpdoctor, the
+    versions and packages that matter, CPUs, GPUs, network interfaces (names and state, no addresses);
+    exit 1 when it names a failure."""
     import json
 
     from ddpdoctor.training import launcher
-    from ddpdoctor.checks.env import assess, collect_environment, describe_environment
+    from ddpdoctor.checks.env import assess, collect_environment, collect_installation, describe_environment, \
+        describe_installation
+    from ddpdoctor.result import Status
 
     _quiet_logs()
     info = launcher.detect()
     facts = collect_environment(local_world_size=info.local_world_size)
+    installed = collect_installation()
     from ddpdoctor.report.document import redacted
     from ddpdoctor.system.redact import safe_text
 
-    if as_json:
-        click.echo(json.dumps(redacted(facts), indent=2))
-        return ExitCode.OK
-    for line in describe_environment(facts):
-        click.echo(safe_text(line))
     findings = assess(facts)
+    code = ExitCode.CHECK_FAILED if any(status >= Status.FAIL for status, *_ in findings.items) else ExitCode.OK
+    if as_json:
+        click.echo(json.dumps(redacted({**facts, **installed}), indent=2))
+        return code
+    for line in describe_installation(installed) + describe_environment(facts):
+        click.echo(safe_text(line))
     for status, _, summary, hint in findings.items:
         click.echo(safe_text(f"{status.label}: {summary}" + (f" -> {hint}" if hint else "")))
-    return ExitCode.OK
+    return code
 
 
 @cli.command()
@@ -428,7 +450,8 @@ def stacks(pids: tuple, wait: float) -> int:
     return stacks_command(pids, wait)
 
 
-@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@cli.command(epilog=exit_code_help("run"),
+             context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--hang-timeout", type=Number(float, 1.0, 31536000.0, unit="seconds"), default=300.0, show_default=True,
               help="Seconds without progress on any rank before the job counts as hung.")
 @click.option("--dir", "run_dir", type=click.Path(file_okay=False), default=None,
@@ -444,12 +467,34 @@ def stacks(pids: tuple, wait: float) -> int:
 @click.option("--no-watch", "no_watch", multiple=True, metavar="NAMES",
               help="Turn off watches for silent bugs, comma-separated: sampler-epoch, data-plan, desync, bn-drift, "
                    "solo-wait (or DDPDOCTOR_WATCH_<NAME>=0).")
-@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option("--list", "list_runs", is_flag=True,
+              help="List the kept run directories under the runs root (age, size, verdict), then exit.")
+@click.option("--prune", metavar="AGE", default=None,
+              help="Remove the run directories older than AGE (7d, 12h, 30m) under the runs root: only those "
+                   "carrying ddpdoctor's run marker, only the files it lists, following no links.")
+@click.option("--dry-run", is_flag=True, help="With --prune: say what would be removed, remove nothing.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(hang_timeout: float, run_dir: Optional[str], keep: bool, keep_hung: bool, straggler_window: float,
-        straggler_windows: int, no_watch: tuple, command: tuple) -> int:
-    """Run a training command (after --) and explain it if it hangs or dies."""
+        straggler_windows: int, no_watch: tuple, list_runs: bool, prune: Optional[str], dry_run: bool,
+        command: tuple) -> int:
+    """Run a training command (after --) and explain it if it hangs or dies; or list (--list) or prune
+    (--prune AGE) the kept run directories."""
     from ddpdoctor.postmortem.jobrun import RunSpec, run_job
     from ddpdoctor.postmortem.watches import parse_no_watch
+
+    if dry_run and prune is None:
+        raise UsageError("run-usage", "--dry-run goes with --prune AGE", "add --prune 7d (or another age)")
+    if list_runs or prune is not None:
+        if command:
+            raise UsageError("run-usage", "--list and --prune manage the kept run directories and run no "
+                             f"command, but one was given ({_shown(' '.join(command))})",
+                             "drop the command, or drop --list/--prune")
+        from ddpdoctor.postmortem.runs import runs_command
+
+        return runs_command(list_runs, prune, dry_run)
+    if not command:
+        raise click.UsageError("Missing argument 'COMMAND...': the training command, after --",
+                               click.get_current_context())
 
     # a closed stdout or stderr (>&-) is already /dev/null here (__main__): the job runs, its code returned
     return run_job(RunSpec(command=list(command), hang_timeout=hang_timeout, run_dir=run_dir, keep=keep,

@@ -96,7 +96,7 @@ def test_env_prints_the_environment_and_redacts_secrets(cli_env):
     assert "hf_supersecret123" not in p.stdout and "pw-xyz" not in p.stdout
     assert "NCCL_SOCKET_IFNAME=eth0" in p.stdout
     assert "warn: NCCL_DEBUGG is not a variable NCCL or PyTorch reads; did you mean NCCL_DEBUG?" in p.stdout
-    assert p.stdout.splitlines()[1].startswith("python ")
+    assert p.stdout.splitlines()[0].startswith("ddpdoctor ") and p.stdout.splitlines()[4].startswith("python ")
 
 
 @pytest.mark.timeout(90)

@@ -211,6 +211,10 @@ def test_bits_nan_negative_zero_and_chunked_differences_across_ranks():
         assert out["negzero_atol"]
         diff, text = out["nan"]
         assert diff != diff and "buffer:n: NaN on some ranks, a number on others" in text
+        # the traceback's text (str) carries the fix, not only e.hint
+        assert text.endswith("\nfix: wrap the model in DistributedDataParallel before training (it broadcasts rank "
+                             "0's state), seed every rank identically before building the model, and never update "
+                             "parameters outside the optimizer on some ranks only"), text
         assert out["both_nan"] and out["strided_equal"]
         assert out["big"] == 0.25
 

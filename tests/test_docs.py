@@ -115,6 +115,10 @@ BLOCKS: list[tuple[str, str, str]] = [
      "test:test_run_recorder.py::test_hang_through_ddps_reducer_against_a_barrier_leads_with_the_collective"),
     ("text", "--- rank 1 (pid 81240), read with handler", "test:test_stacks.py::test_stacks_of_a_live_torchrun_job"),
     ("python", "from ddpdoctor.compat.lightning import all_gather", "real:compat-imports"),
+    ("text", "ddpdoctor run: no progress for 100 s on any rank; verdict at 300 s",
+     "test:test_newcomer.py::test_a_silence_of_a_third_of_the_hang_timeout_is_said_once_with_the_stacks_command"),
+    ("text", "$ ddpdoctor run --list\n",
+     "test:test_newcomer.py::test_run_list_and_prune_remove_only_old_marked_run_directories_and_follow_no_link"),
 ]
 
 # The real runs of this file, by name (each is one test below).

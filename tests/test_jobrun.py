@@ -88,8 +88,10 @@ def test_rank_that_raises_is_named_with_its_line(cli_env, tmp_path):
     assert verdict.startswith(f"ddpdoctor run: the job failed (exit 1); cause: rank 1 raised RuntimeError: boom on "
                               f"rank 1 at train ({name}:{line_of('raise')})"), verdict
     assert "(ChildFailedError) is its report of that failure, not another cause" in verdict
-    assert (f"first failure: rank 1 exited with code 1: RuntimeError: boom on rank 1 at train "
-            f"({name}:{line_of('raise')})") in p.stderr
+    # the launcher's "first failure" (rank 1 exited with code 1: the same exception) would say it again
+    assert "first failure:" not in verdict, verdict
+    assert json.loads((run_dir / "verdict.json").read_text())["first_failure"] == (
+        f"rank 1 exited with code 1: RuntimeError: boom on rank 1 at train ({name}:{line_of('raise')})")
     assert "finished" not in verdict
     assert "peer-closed: a peer rank went away (rank 0)" in p.stderr
     assert "hung" not in p.stderr
@@ -100,7 +102,8 @@ def test_rank_that_raises_is_named_with_its_line(cli_env, tmp_path):
 def test_rank_killed_by_sigkill_is_named(cli_env, tmp_path):
     p, run_dir, _ = ddprun(tmp_path, cli_env, "sigkill", hang=60)
     assert p.returncode == 1, p.stderr[-3000:]
-    assert "first failure: rank 1 was killed by SIGKILL" in p.stderr
+    assert "ddpdoctor run: the job failed (exit 1); cause: rank 1 was killed by SIGKILL\n" in p.stderr
+    assert "first failure:" not in p.stderr  # the cause's own line: said once
     assert "killed-by-signal: a rank was killed by a signal (rank 1)" in p.stderr
     assert "dmesg" in p.stderr
     assert json.loads((run_dir / "verdict.json").read_text())["first_failure"] == "rank 1 was killed by SIGKILL"

@@ -316,8 +316,10 @@ def test_run_on_a_real_mp_spawn_job_shows_no_secret(cli_env, tmp_path):
     at = err.index("ddpdoctor run:")
     assert leaks(err[:at]) == IDS and ESCAPE in err[:at]  # the job's own output, as written
     verdict = err[at:]
-    assert "first failure: process 1 of mp.spawn raised RuntimeError: upload failed \\e]0;owned\\x07\\e[2J with " \
-           "https://alice:<redacted>@git.example.com" in verdict, verdict
+    # the launcher's first failure is the cause (said once, on the verdict's first line)
+    assert "cause: process 1 of mp.spawn raised RuntimeError: upload failed \\e]0;owned\\x07\\e[2J with " \
+           "https://alice:<redacted>@git.example.com" in next(line for line in verdict.splitlines() if "; cause: " in line), \
+        verdict
     _clean(verdict, "terminal verdict")
     _clean((run_dir / "verdict.txt").read_text(), "verdict.txt")
     _json_clean(run_dir / "verdict.json", "verdict.json")

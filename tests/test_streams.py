@@ -90,7 +90,11 @@ def test_bench_and_locate_with_stdout_closed_write_their_json(cli_env, tmp_path)
         p = _shell(cli_env, ">&-", args + ["--json", str(target)], timeout=300)
         _no_traceback(p.stderr)
         assert p.returncode == 0, p.stderr
-        assert json.loads(target.read_text())["exit_code"] == 0
+        doc = json.loads(target.read_text())
+        assert doc["exit_code"] == 0
+        if args[0] == "locate":  # one node takes one round, said in the singular (it said "1 rounds")
+            summary = next(c["summary"] for c in doc["checks"] if c["name"] == "locate")
+            assert "1 node, 1 round in " in summary, summary
 
 
 @pytest.mark.timeout(300)
@@ -327,6 +331,7 @@ def test_json_on_a_full_disk_is_exit_74_not_2(cli_env, full_disk):
                        text=True, timeout=120)
     assert p.returncode == 74, p.stderr
     assert "2 passed" in p.stdout
+    assert p.stdout.rstrip().endswith("; exit 74"), p.stdout  # the footer says the real code (it said exit 0)
     assert p.stderr.startswith(f"error[json-write]: cannot write {target}: No space left on device")
     assert len(p.stderr.splitlines()) == 1
     assert sorted(os.listdir(full_disk)) == ["fill"]  # no half-written file or temporary left
@@ -337,6 +342,7 @@ def test_json_on_a_full_disk_is_exit_74_not_2(cli_env, full_disk):
                         "1", "--warmup", "0", "--json", str(full_disk / "b.json")], env=cli_env,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 74 and p.stderr.startswith("error[json-write]"), p.stderr
+    assert p.stdout.rstrip().endswith("; exit 74"), p.stdout
 
 
 # -- --only and names ---------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from ddpdoctor.causes.catalogue import CAUSES, Cause
 from ddpdoctor.causes.evidence import refine
-from ddpdoctor.system.redact import shorten
+from ddpdoctor.system.redact import shorten, shorten_middle
 from ddpdoctor.system.signals import signal_hint
 from ddpdoctor.system.stackframes import is_user, shown_path
 
@@ -216,7 +216,7 @@ def _spawn_failure(lines: Sequence[str]) -> Optional[str]:
                 continue
             if body and not body[0].isspace() and not body.startswith(("Traceback", "The above exception",
                                                                          "During handling")):
-                exc = shorten(body.strip(), 160)
+                exc = shorten_middle(body.strip(), EXCEPTION_CHARS)
                 break
         out = f"process {sp.group(1)} of mp.spawn raised" + (f" {exc}" if exc else " an exception")
         return out + (f" at {where}" if where else "")
@@ -231,6 +231,10 @@ def first_failure(text: str) -> Optional[str]:
     """
     return scan_text(text).first_failure
 
+
+EXCEPTION_CHARS = 400
+"""Longest exception quoted in a first failure; a longer one is cut in the middle, keeping its end (where
+torch puts the error's name: ``name: EADDRINUSE, message: address already in use``)."""
 
 LINE_CAP = 8192
 """Longest line matched whole; a longer line is matched on its first and last LINE_CAP // 2 characters."""
@@ -504,7 +508,8 @@ class LogScanner:
             self._per_rank.setdefault(rank, ["", ""])[1] = where
         elif ("Error" in body or "Exception" in body or "Interrupt" in body) and _EXC_LINE.match(body) \
                 and not body.startswith("Traceback"):
-            self._per_rank.setdefault(rank, ["", ""])[0] = body if len(body) <= 160 else shorten(body, 160)
+            self._per_rank.setdefault(rank, ["", ""])[0] = body if len(body) <= EXCEPTION_CHARS else \
+                shorten_middle(body, EXCEPTION_CHARS)
 
     def _first_hit(self, line: str, rank: Optional[int], held: frozenset) -> tuple:
         """:func:`_first_hit`, skipping the patterns whose literals are not in the line (``held``)."""

@@ -93,6 +93,10 @@ class DesyncError(DdpdoctorError):
     def __reduce__(self) -> Any:
         return (type(self), (self.mismatches, self.hint, self._shown))
 
+    def __str__(self) -> str:
+        """The differing tensors and the fix: a traceback (``str``) shows both, not only ``e.hint``."""
+        return f"{self.message}\nfix: {self.hint}" if self.hint else self.message
+
 
 _HINT = ("wrap the model in DistributedDataParallel before training (it broadcasts rank 0's state), "
          "seed every rank identically before building the model, and never update parameters "

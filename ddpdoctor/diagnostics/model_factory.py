@@ -8,6 +8,8 @@ the bad value and the fix, never a traceback.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
@@ -74,14 +76,19 @@ def load_factory(spec: str) -> Callable[[], Any]:
                          "pass --model my_package.models:build_model (a zero-argument callable "
                          "returning an nn.Module)")
     module_name, attr = spec.split(":")
+    _look_in_working_directory(module_name)
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - any import failure is the user's to fix
+        top = module_name.split(".")[0]
+        missing = isinstance(exc, ModuleNotFoundError) and exc.name == top
         raise UsageError("model-import-failed",
                          f"--model {spec!r}: importing {module_name!r} failed: "
                          f"{type(exc).__name__}: {exc}",
-                         "make the module importable (install the package or add its directory "
-                         "to PYTHONPATH) and fix the error above") from exc
+                         (f"no {top!r} in the working directory ({os.getcwd()}) nor on the import path: run "
+                          f"ddpdoctor from the directory that holds {top}/ (it looks there, as python -m does), "
+                          "install the package (pip install -e .), or add its parent directory to PYTHONPATH")
+                         if missing else "fix the error above (it is raised by the module itself)") from exc
     target: Any = module
     for part in attr.split("."):
         if not hasattr(target, part):
@@ -95,6 +102,26 @@ def load_factory(spec: str) -> Callable[[], Any]:
                          f"--model {spec!r}: {attr!r} is a {type(target).__name__}, not a callable",
                          "name a zero-argument function or class that returns an nn.Module")
     return target
+
+
+def _look_in_working_directory(module_name: str) -> None:
+    """Let ``--model mypkg.models:build`` find ``mypkg`` in the working directory, as ``python -m`` would.
+
+    The ``ddpdoctor`` script's import path starts at its own folder, not the working directory, so a
+    project's package was not found unless installed. The working directory is added at the end of the
+    path (never shadowing an installed package), and only when the package is found nowhere else.
+    """
+    import importlib.util
+
+    top = module_name.split(".")[0]
+    here = os.getcwd()
+    try:
+        known = importlib.util.find_spec(top) is not None  # a top-level name: finds, imports nothing
+    except (ImportError, ValueError):
+        known = False
+    if not known and here not in sys.path and "" not in sys.path:
+        sys.path.append(here)
+        importlib.invalidate_caches()
 
 
 def build_model(spec: str) -> nn.Module:

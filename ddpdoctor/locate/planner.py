@@ -267,7 +267,7 @@ class Locator:
         """The probes of the next round (disjoint node sets, run at once), or None when done."""
         while self.state != DONE:
             if self.rounds >= round_limit(self.nodes):
-                self.stopped = f"stopped after {self.rounds} rounds (the limit for {self.nodes} nodes)"
+                self.stopped = f"stopped after {self.rounds} round{'s' if self.rounds != 1 else ''} (the limit for {self.nodes} nodes)"
                 self.state = DONE
                 break
             probes = self._next()

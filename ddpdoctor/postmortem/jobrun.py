@@ -9,6 +9,9 @@ Job states (the state machine of :func:`run_job`)::
                                                              traceback summarised; exit with the job's code)
     RUNNING --a rank died, the others idle
               for DEATH_GRACE s-->                FAILED    (the same verdict; the job is stopped; exit 1)
+    RUNNING --no progress for hang_timeout/3-->   RUNNING   (one line: the silence, when the verdict comes, the
+                                                             stacks command; once per silence, once a minute
+                                                             at most)
     RUNNING --no progress for hang_timeout-->     HUNG      (grouped stacks + explain, saved; then stop,
                                                              exit 124; with keep_hung: keep waiting)
     RUNNING --SIGINT/SIGTERM to us-->             INTERRUPTED (every live rank's stack read, stack_wait s at
@@ -80,7 +83,7 @@ from ddpdoctor.postmortem.jobproc import Launched, launch
 from ddpdoctor.postmortem.straggle import StragglerWatch
 from ddpdoctor.postmortem.watches import Watches, watch_env, window_from_env
 from ddpdoctor.system import redact
-from ddpdoctor.system.redact import safe_data, safe_text, shorten
+from ddpdoctor.system.redact import safe_data, safe_text, shorten_middle
 from ddpdoctor.system.stackframes import shown_where, user_place
 
 __all__ = ["RunSpec", "run_job", "job_env", "default_runs_root", "RAW_LOG", "DEATH_GRACE"]
@@ -92,6 +95,8 @@ CPU_MIN_S = 0.03  # ... and at least this many CPU seconds: a rank waiting in a 
 DEATH_GRACE = 5.0  # seconds the others may sit idle after a rank died before the verdict (capped by hang_timeout)
 RAW_LOG = "output.raw.log"  # the job's bytes as written, unredacted: mode 0600
 TORCH_DUMP = "torch-dump-rank"  # where torch writes its own Flight Recorder dumps (NCCL's, on a timeout)
+QUIET_SHARE = 1 / 3  # a silence this share of --hang-timeout long is announced (the verdict may be minutes away)
+QUIET_REPEAT = 60.0  # ... at most once per this many seconds, and once per silence
 
 
 @dataclass
@@ -230,7 +235,7 @@ class _Proc:
             return "ended without a Python exit (killed by a signal)"
         if e.get("how") == "raised":
             where = _raised_where(e)
-            return f"raised {shorten(str(e.get('exception', '')), 300)}" + (f" at {where}" if where else "")
+            return f"raised {shorten_middle(str(e.get('exception', '')), 400)}" + (f" at {where}" if where else "")
         code = e.get("code")
         if code not in (0, None):
             return f"exited with code {code}"
@@ -585,7 +590,10 @@ def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: st
         lines.append(f"  the launcher's traceback above ({launcher}) is its report of that failure, not another "
                      "cause")
     if matches or first:
-        lines += ["  " + line for line in render_matches(matches, f"explain ({RAW_LOG})", first)]
+        explained = render_matches(matches, f"explain ({RAW_LOG})", first)
+        if first and _same_failure(cause, first, dead):
+            explained = explained[1:]  # "first failure:" would say the cause again (the headline has the code)
+        lines += ["  " + line for line in explained]
     if watches is not None and watches.findings:
         lines += [f"  silent bug: {line}" for line in watches.summary()]
     lines.append(f"  saved in {run_dir} ({RAW_LOG}, stacks.txt, verdict.txt, verdict.json)")
@@ -607,6 +615,15 @@ def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: st
     if unsaved:
         lines.append(f"  not saved: {'; '.join(unsaved)}")
     return lines
+
+
+def _same_failure(cause: Optional[str], first: str, dead: Optional[_Proc]) -> bool:
+    """The launcher's first failure says what the cause already says: the same line, or the same rank's
+    failure in the launcher's words (``rank 1 exited with code 1: <the exception the hook recorded>``)."""
+    if cause is None:
+        return False
+    return cause == first or (dead is not None and cause.startswith(f"{dead.label} ")
+                              and first.startswith(f"{dead.label} "))
 
 
 def _save(path: str, text) -> list:
@@ -673,6 +690,7 @@ def run_job(spec: RunSpec) -> int:
         out_bytes = 0
         snapshot: list = []
         poll = max(POLL, min(1.0, spec.hang_timeout / 20))
+        quiet_said_at, quiet_said_now = -QUIET_REPEAT, False  # the silence line: when, and said in this silence
         ended = proc.ended
         while proc.poll() is None:
             if forwarded and (verdict_kind is None or (verdict_kind == "hung" and spec.keep_hung)):
@@ -700,6 +718,11 @@ def run_job(spec: RunSpec) -> int:
             if forwarded or verdict_kind:
                 continue
             idle = now - last_progress
+            if idle < QUIET_SHARE * spec.hang_timeout:
+                quiet_said_now = False
+            elif not quiet_said_now and watch.procs and now - quiet_said_at >= QUIET_REPEAT:
+                quiet_said_now, quiet_said_at = True, now
+                _say(spec, [_quiet_line(idle, spec.hang_timeout, proc.pid)])
             if watch.deaths and watch.live_ranks() and idle >= min(spec.hang_timeout, DEATH_GRACE):
                 verdict_kind = "failed"
                 if not snapshot:
@@ -791,6 +814,13 @@ def run_job(spec: RunSpec) -> int:
         return code
     rd.seal()
     return code
+
+
+def _quiet_line(idle: float, hang_timeout: float, pid: int) -> str:
+    """The one line said in a long silence, so that the user knows ddpdoctor is watching, when the verdict
+    comes, and how to look now (before it, a job under the default --hang-timeout printed nothing for 300 s)."""
+    return (f"ddpdoctor run: no progress for {idle:.0f} s on any rank; verdict at {hang_timeout:g} s; "
+            f"`ddpdoctor stacks {pid}` to look now")
 
 
 def _binary(stream: object) -> Optional[IO[bytes]]:

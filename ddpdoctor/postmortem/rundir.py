@@ -29,8 +29,8 @@ from typing import Optional
 
 from ddpdoctor.system.redact import escape_controls
 
-__all__ = ["RunDir", "prepare_run_dir", "default_runs_root", "write_private", "inject_files", "MARKER",
-           "OWN_PATTERNS", "HOOK_FILES"]
+__all__ = ["RunDir", "prepare_run_dir", "default_runs_root", "write_private", "inject_files", "remove_recorded",
+           "MARKER", "OWN_PATTERNS", "HOOK_FILES"]
 
 MARKER = ".ddpdoctor-run"
 INJECT = ".inject"
@@ -216,6 +216,20 @@ def _earlier_run(path: str, record: dict) -> tuple:
         except OSError:
             pass
     return names, whole_inject
+
+
+def remove_recorded(path: str, record: dict) -> bool:
+    """Remove an earlier run's directory by its marker's ``record`` (``ddpdoctor run --prune``): what it
+    lists (of ddpdoctor's own kinds only), the marker, then the directory when nothing else is left.
+    True when the directory is gone; False when it holds files that are not ddpdoctor's (they stay)."""
+    names, whole_inject = _earlier_run(path, record)
+    _remove_listed(path, [n for n in names if n != MARKER], whole_inject)
+    _unlink(os.path.join(path, MARKER))
+    try:
+        os.rmdir(path)
+    except OSError:
+        return False
+    return True
 
 
 def _reuse(path: str, shown: str) -> None:

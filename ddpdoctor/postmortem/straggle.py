@@ -1,6 +1,7 @@
 """``ddpdoctor run``'s straggler watch: every window, each rank's collective timings (written by the
 injected hook as ``coll-<pid>.txt``) are scored by :class:`ddpdoctor.locate.straggler.StragglerTracker`;
-a rank slow for several windows in a row is named while the job runs, and again at the end.
+a rank slow for several windows in a row is named while the job runs (once, and again only when its
+score moves by :data:`RESAY` or it crosses the threshold anew), and again at the end.
 """
 
 from __future__ import annotations
@@ -10,7 +11,11 @@ from typing import Optional, Sequence
 
 from ddpdoctor.locate.straggler import Event, StragglerTracker
 
-__all__ = ["StragglerWatch"]
+__all__ = ["StragglerWatch", "RESAY"]
+
+RESAY = 0.05
+"""A named straggler is named again only when its score moved by this much since (or when it crosses the
+threshold again after recovering): a slow rank stays slow for hours, and one line per window buried the job."""
 
 
 class StragglerWatch:
@@ -23,6 +28,7 @@ class StragglerWatch:
         self.offsets: dict = {}  # pid -> bytes already read
         self.next_at: Optional[float] = None
         self.flagged: dict = {}  # rank -> the latest flag
+        self.said: dict = {}  # rank -> the score it was last named with, while it stays under the threshold
 
     def poll(self, now: float, ranks: Sequence) -> list:
         """Lines to print when a window closed (``ranks``: objects with ``pid``, ``rank``, ``info``)."""
@@ -43,8 +49,14 @@ class StragglerWatch:
             return []
         hosts = {p.rank: p.info.get("host") for p in ranks if p.rank is not None and p.info.get("host")}
         lines = []
-        for flag in self.tracker.add_window(per_rank):
-            self.flagged[flag.rank] = flag
+        flags = {flag.rank: flag for flag in self.tracker.add_window(per_rank)}
+        for rank in [r for r in self.said if r not in flags]:
+            del self.said[rank]  # back over the threshold: a new crossing is news again
+        for rank, flag in sorted(flags.items()):
+            self.flagged[rank] = flag
+            if rank in self.said and abs(flag.score - self.said[rank]) < RESAY:
+                continue  # named already, and its score has not moved: every window would repeat it
+            self.said[rank] = flag.score
             lines.append(self.tracker.describe(flag, hosts))
         return lines
 

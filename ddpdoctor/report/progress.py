@@ -18,3 +18,6 @@ class Progress:
 
     def finished(self, result: CheckResult) -> None:  # pragma: no cover - interface
         pass
+
+    def measured(self, name: str, item: object) -> None:  # pragma: no cover - interface
+        """Something check ``name`` measured while it runs (:meth:`ddpdoctor.check.Check.measured`)."""

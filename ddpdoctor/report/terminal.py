@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import IO, Sequence
+from typing import IO, Optional, Sequence
 
 from ddpdoctor import __version__
 from ddpdoctor.check import WorldInfo
@@ -16,7 +16,7 @@ from ddpdoctor.report.progress import Progress
 from ddpdoctor.result import CheckResult, Status
 from ddpdoctor.system.redact import safe_text
 
-__all__ = ["Style", "render", "render_result", "header", "footer", "TerminalProgress"]
+__all__ = ["Style", "render", "render_result", "header", "footer", "command_seconds", "TerminalProgress"]
 
 _GLYPHS = {
     Status.PASS: ("✓", "[ok]"),
@@ -86,16 +86,41 @@ def header(world: WorldInfo) -> str:
             + (f": {world.purpose}" if world.purpose else ""))
 
 
-def footer(report: RunReport, strict: bool) -> str:
+def footer(report: RunReport, strict: bool, code: Optional[int] = None, seconds: Optional[float] = None) -> str:
+    """The last line: counts, time and exit code.
+
+    ``code``: the command's real exit code when it differs from the report's (``--json`` not written: 74);
+    ``seconds``: the whole command's time (start-up and world included), else the report's own.
+    """
     order = ["pass", "warn", "fail", "timeout", "crash", "skip"]
     names = {"pass": "passed", "warn": "warned", "fail": "failed", "timeout": "timed out", "crash": "crashed",
              "skip": "skipped"}
     counts = report.counts()
     parts = [f"{counts[k]} {names[k]}" for k in order if counts.get(k)]
-    text = f"{', '.join(parts) or 'no checks'} in {report.duration:.1f}s; exit {int(report.exit_code(strict))}"
+    took = report.duration if seconds is None else seconds
+    shown = int(report.exit_code(strict)) if code is None else int(code)
+    text = f"{', '.join(parts) or 'no checks'} in {took:.1f}s; exit {shown}"
     if report.interrupted:
         text += f" (interrupted by {report.interrupted})"
     return text
+
+
+def command_seconds() -> Optional[float]:
+    """Seconds since this process started (interpreter start-up and imports included): the time a user
+    waited for the command, which the footer reports; None when the system does not say.
+
+    Read from ``/proc/self/stat`` against the boot clock (10 ms ticks): psutil's ``create_time`` adds the
+    boot time, which Linux gives in whole seconds, and is off by up to a second.
+    """
+    import time
+
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, counted after the command's name
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
 
 
 def render(report: RunReport, style: Style, verbose: bool = False, strict: bool = False,

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Optional, Sequence
+from typing import IO, Optional, Sequence
 
+from ddpdoctor.check import WorldInfo
 from ddpdoctor.errors import UsageError
+from ddpdoctor.report.progress import Progress
 from ddpdoctor.result import Status
 from ddpdoctor.system.redact import safe_text
 
-__all__ = ["parse_bytes", "format_size", "run_bench"]
+__all__ = ["parse_bytes", "format_size", "run_bench", "TableProgress"]
 
 MAX_BYTES = 1 << 34  # 16 GiB: one buffer of a collective
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -55,8 +57,8 @@ def run_bench(*, nproc: Optional[int], backend: Optional[str], master_addr: str,
         raise UsageError("bench-one-rank", "--nproc 1: the bandwidth table times transfers between ranks, and one "
                          "rank has none", "use --nproc 2 or more (with one GPU: --backend gloo --nproc 2, on CPU)")
     from ddpdoctor.checks.collectives import bench_rows
-    from ddpdoctor.diagnostics.collective_plan import render_table, select_ops
-    from ddpdoctor.report.terminal import Style, footer, header, render_result
+    from ddpdoctor.diagnostics.collective_plan import select_ops
+    from ddpdoctor.report.terminal import Style, command_seconds, footer, header, render_result
     from ddpdoctor.runner.options import RunOptions
     from ddpdoctor.runner.local import run_checks
 
@@ -80,30 +82,70 @@ def run_bench(*, nproc: Optional[int], backend: Optional[str], master_addr: str,
     opts = RunOptions(nproc=nproc, backend=backend, master_addr=master_addr, master_port=master_port,
                       only=["collectives-bench"], timeout=timeout, mode=mode, options={"bench": settings},
                       broken_plugins=False)
-    outcome = run_checks(opts)
+    out = sys.stdout
+    table = TableProgress(out, f"# {dtype}, sizes {lo}..{hi} bytes, {warmup} warm-up + {iters} timed calls per "
+                               "row; time averaged over ranks; busbw as nccl-tests")
+    outcome = run_checks(opts, table)
     if outcome.reported_elsewhere():
         return outcome.exit_code
     report = outcome.report
     result = report.results[0]
-    out = sys.stdout
     style = Style.for_stream(out)
-    if result.status == Status.SKIP:  # never a header and an empty table: one line saying why
+    if result.status == Status.SKIP:  # never an empty table: one line saying why
         out.write(f"ddpdoctor bench: not run: {result.summary}\n")
         out.flush()
         return outcome.exit_code
     rows = bench_rows(result.outcomes, report.world.world_size)
-    lines = [header(report.world), f"# {dtype}, sizes {lo}..{hi} bytes, {warmup} warm-up + {iters} timed calls "
-             "per row; time averaged over ranks; busbw as nccl-tests"]
-    lines += [f"# {line}" if i < 2 else f"  {line}" for i, line in enumerate(render_table(rows))]
+    if not table.greeted_world:
+        out.write(header(report.world) + "\n" + table.settings + "\n")
+    lines = table.rest(rows)  # the rows not printed as they were measured (a rank that never reported them)
     lines += render_result(result, style, len(result.name), False)
     if verbose:
         lines += [f"  {d}" for d in result.details[len(rows) + 2:]]
         lines += [f"  rank {o.rank}: {o.status.label}: {o.summary}" for o in result.outcomes]
-    lines.append(footer(report, False))
-    out.write("\n".join(lines) + "\n")
-    out.flush()
-    if json_path:
+    code = outcome.exit_code
+    if json_path:  # before the footer, which says the command's real exit code (74: the JSON not written)
         doc = {"schema": 1, "settings": settings, "world": report.world.to_dict(), "status": report.status.label,
                "exit_code": int(outcome.exit_code), "rows": rows, "report": report.to_dict()}
-        return save_json(json_path, doc, outcome.exit_code)
-    return outcome.exit_code
+        code = save_json(json_path, doc, code)
+    lines.append(footer(report, False, code, command_seconds()))
+    out.write("\n".join(lines) + "\n")
+    out.flush()
+    return code
+
+
+class TableProgress(Progress):
+    """Prints the bench's header as soon as the world formed, and each row of the table as soon as every
+    rank timed it (as nccl-tests does), instead of everything at the end."""
+
+    def __init__(self, out: IO[str], settings: str) -> None:
+        self.out = out
+        self.settings = settings
+        self.greeted_world = False
+        self.printed = 0
+
+    def greeted(self, world: WorldInfo) -> None:
+        from ddpdoctor.report.terminal import header
+
+        self.greeted_world = True
+        self._write([header(world), self.settings])
+
+    def measured(self, name: str, item: object) -> None:
+        if isinstance(item, dict):
+            self._write(self._lines([item]))
+
+    def rest(self, rows: Sequence[dict]) -> list:
+        """The lines of the rows not printed yet (the head first, when no row was)."""
+        return self._lines(rows[self.printed:]) if len(rows) > self.printed else []
+
+    def _lines(self, rows: Sequence[dict]) -> list:
+        from ddpdoctor.diagnostics.collective_plan import render_table
+
+        table = render_table(rows)
+        head = [f"# {line}" for line in table[:2]] if self.printed == 0 else []
+        self.printed += len(rows)
+        return head + [f"  {line}" for line in table[2:]]
+
+    def _write(self, lines: list) -> None:
+        self.out.write("".join(line + "\n" for line in lines))
+        self.out.flush()

@@ -9,7 +9,7 @@ import sys
 from typing import Optional
 
 from ddpdoctor.report.document import save_json
-from ddpdoctor.report.terminal import Style, footer, header, render_result
+from ddpdoctor.report.terminal import Style, command_seconds, footer, header, render_result
 from ddpdoctor.runner.local import run_checks
 from ddpdoctor.runner.options import RunOptions
 
@@ -39,9 +39,10 @@ def run_locate(*, nproc: Optional[int], backend: Optional[str], master_addr: str
     lines = [header(report.world)]
     for result in report.results:
         lines += render_result(result, style, width, verbose or result.name == "locate")
-    lines.append(footer(report, False))
+    code = outcome.exit_code
+    if json_path:  # before the footer, which says the command's real exit code (74: the JSON not written)
+        code = save_json(json_path, report.to_dict(), code)
+    lines.append(footer(report, False, code, command_seconds()))
     sys.stdout.write("\n".join(lines) + "\n")
     sys.stdout.flush()
-    if json_path:
-        return save_json(json_path, report.to_dict(), outcome.exit_code)
-    return outcome.exit_code
+    return code

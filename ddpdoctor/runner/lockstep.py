@@ -28,6 +28,7 @@ __all__ = ["Coordinator", "interrupted_results"]
 
 POLL = 0.005
 STACK_WAIT = 1.0  # seconds the silent ranks' supervisors get to answer a stack request
+MEASURED_EVERY = 0.1  # seconds between two looks at what a running check measured (Check.measured)
 
 # A check's deadline is --timeout on a world whose collectives are quick; on a slow one (many ranks
 # per core) it is scaled, never to infinity (issue 18: a healthy world must not end in a false
@@ -240,7 +241,11 @@ class Coordinator:
         named: frozenset = frozenset()  # ranks the check's own verdict names silent
         started = time.monotonic()
         deadline = started + (self.timeout if deadline_s is None else deadline_s)
+        look = started  # when to ask the check for what it measured (MEASURED_EVERY)
         while time.monotonic() < deadline:
+            if time.monotonic() >= look:
+                self._show_measured(check)
+                look = time.monotonic() + MEASURED_EVERY
             reported = set(self.channel.roll(f"result/{i}"))
             self._read_deaths()
             for r in ranks:
@@ -261,6 +266,7 @@ class Coordinator:
                 if is_failure(got[r]):
                     deadline = min(deadline, seen[r] + WAIT_GRACE)
             if len(got) == len(ranks):
+                self._show_measured(check)  # the last rows, before the check's own line
                 break
             self._tick()
         silent = [r for r in ranks if r not in got]
@@ -287,6 +293,15 @@ class Coordinator:
         except Exception as exc:  # noqa: BLE001 - a crashing merge is a result too
             result, trouble = self._merge_crashed(check, got, exc), "the merge failed"
         return result, trouble
+
+    def _show_measured(self, check: Check) -> None:
+        """Pass on what the check measured so far (bench's rows) to the progress, as it comes."""
+        try:
+            items = check.measured(self.channel.raw, self.world)
+        except Exception:  # noqa: BLE001 - a faulty check plugin or a store hiccup: the result still comes
+            return
+        for item in items:
+            self.progress.measured(check.name, item)
 
     @staticmethod
     def _named_silent(check: Check, got: dict) -> frozenset:

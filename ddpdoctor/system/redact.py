@@ -37,7 +37,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Sequence
 
-__all__ = ["is_secret_name", "redact_env", "redact_text", "redact_value", "redact_argv", "escape_controls",
+__all__ = ["is_secret_name", "redact_env", "redact_text", "redact_value", "redact_argv", "escape_controls", "shorten_middle",
            "escape_undecodable", "safe_text", "safe_data", "shorten", "REDACTED"]
 
 REDACTED = "<redacted>"
@@ -235,3 +235,14 @@ def shorten(text: str, limit: int) -> str:
     redacting could leave half a token or a URL password without its ``@``, which nothing recognises."""
     text = redact_text(text)
     return text if len(text) <= limit else text[:max(0, limit - 3)] + "..."
+
+
+def shorten_middle(text: str, limit: int) -> str:
+    """``text`` redacted, then cut to ``limit`` characters in the middle (`` ... ``), keeping its start and
+    its last third: an exception's key words are often at its end (``name: EADDRINUSE``, NCCL's ``Last
+    error:``), and an end cut lost them (``EADDRI...``)."""
+    text = redact_text(text)
+    if len(text) <= limit:
+        return text
+    tail = max(0, (limit - 5) // 3)
+    return text[:max(0, limit - 5 - tail)] + " ... " + (text[-tail:] if tail else "")
