@@ -444,17 +444,29 @@ def stacks(pids: tuple, wait: float) -> int:
 @click.option("--no-watch", "no_watch", multiple=True, metavar="NAMES",
               help="Turn off watches for silent bugs, comma-separated: sampler-epoch, data-plan, desync, bn-drift, "
                    "solo-wait (or DDPDOCTOR_WATCH_<NAME>=0).")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write the run's report.html (verdict, timeline per rank, stragglers, findings) to this "
+                   "path, even for a healthy run.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(hang_timeout: float, run_dir: Optional[str], keep: bool, keep_hung: bool, straggler_window: float,
-        straggler_windows: int, no_watch: tuple, command: tuple) -> int:
+        straggler_windows: int, no_watch: tuple, html_path: Optional[str], command: tuple) -> int:
     """Run a training command (after --) and explain it if it hangs or dies."""
     from ddpdoctor.postmortem.jobrun import RunSpec, run_job
     from ddpdoctor.postmortem.watches import parse_no_watch
+    from ddpdoctor.report.document import check_json_target
+
+    if html_path is not None:
+        if not html_path.strip():
+            from ddpdoctor.errors import UsageError
+
+            raise UsageError("json-path", "--html '' is empty (an unset variable?)", "pass a file path")
+        check_json_target(html_path, "--html")
 
     # a closed stdout or stderr (>&-) is already /dev/null here (__main__): the job runs, its code returned
     return run_job(RunSpec(command=list(command), hang_timeout=hang_timeout, run_dir=run_dir, keep=keep,
                            keep_hung=keep_hung, straggler_window=straggler_window,
-                           straggler_windows=straggler_windows, no_watch=parse_no_watch(no_watch)))
+                           straggler_windows=straggler_windows, no_watch=parse_no_watch(no_watch),
+                           html=html_path))
 
 
 def _quiet_logs() -> None:

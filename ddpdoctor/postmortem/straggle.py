@@ -10,7 +10,9 @@ from typing import Optional, Sequence
 
 from ddpdoctor.locate.straggler import Event, StragglerTracker
 
-__all__ = ["StragglerWatch"]
+__all__ = ["StragglerWatch", "HISTORY"]
+
+HISTORY = 500  # windows of scores kept for the report
 
 
 class StragglerWatch:
@@ -23,6 +25,7 @@ class StragglerWatch:
         self.offsets: dict = {}  # pid -> bytes already read
         self.next_at: Optional[float] = None
         self.flagged: dict = {}  # rank -> the latest flag
+        self.history: list = []  # (when the window closed, monotonic; {rank: score}), the last HISTORY windows
 
     def poll(self, now: float, ranks: Sequence) -> list:
         """Lines to print when a window closed (``ranks``: objects with ``pid``, ``rank``, ``info``)."""
@@ -46,6 +49,9 @@ class StragglerWatch:
         for flag in self.tracker.add_window(per_rank):
             self.flagged[flag.rank] = flag
             lines.append(self.tracker.describe(flag, hosts))
+        scores = self.tracker.history[-1] if self.tracker.history else {}
+        self.history.append((now, {r: round(v[0], 3) for r, v in scores.items()}))
+        del self.history[:-HISTORY]
         return lines
 
     def summary(self) -> list:
@@ -64,9 +70,10 @@ class StragglerWatch:
         self.offsets[pid] = self.offsets.get(pid, 0) + cut
         out = []
         for line in data[:cut].splitlines():
-            try:
-                start, end = (float(x) for x in line.split())
-            except ValueError:
+            parts = line.split()
+            try:  # "start end op bytes n" (a step's line, "step start n", is no collective)
+                start, end = float(parts[0]), float(parts[1])
+            except (ValueError, IndexError):
                 continue
             out.append(Event(start, end))
         return out

@@ -31,8 +31,13 @@ In each registered process it:
   sync, three Python calls per step (about 10 us). Not a communication hook: a Python one costs a
   cross-thread handoff per bucket (300-450 us of CPU per step, 5-10% of a small model's step on a
   busy machine, benchmarks/bench_straggler.py), and the program keeps ``register_comm_hook`` for
-  itself, before or after its first forward. The heartbeat appends the ``start end`` pairs to
-  ``coll-<pid>.txt``. ``DDPDOCTOR_STRAGGLER=0`` turns all of it off;
+  itself, before or after its first forward. Each call gets the rank's own number (1, 2, ...), its
+  operation (the function's name; ``ddp_backward_sync`` for DDP's backward and gradient sync) and its
+  size (the bytes of the first tensor argument; DDP's: its gradients' bytes); an optimizer step
+  pre-hook records when each step started. The heartbeat appends the lines ``start end op bytes n``,
+  ``step start n`` and, for a call still running at a beat, ``open start op bytes n`` (monotonic
+  seconds) to ``coll-<pid>.txt``, read by the straggler watch and by
+  the run's timeline (``trace.json``, ``report.html``). ``DDPDOCTOR_STRAGGLER=0`` turns all of it off;
 * in ranks, starts the watches for silent bugs (:mod:`_ddpdoctor_watches`, copied next to this file;
   ``DDPDOCTOR_WATCH_<NAME>=0`` turns one off), which the heartbeat thread calls every beat;
 * in a rank, starts a second daemon thread that writes the rank's PyTorch Flight Recorder dump
@@ -161,8 +166,10 @@ def _ddpdoctor_loaded(name):
     return None if mod is None or getattr(spec, "_initializing", False) else mod
 
 
-def _ddpdoctor_time_collectives(events):
-    """Wrap torch.distributed's blocking collectives and DDP's all-reduce; True once done."""
+def _ddpdoctor_time_collectives(events, inflight):
+    """Wrap torch.distributed's blocking collectives and DDP's all-reduce; True once done. ``inflight[0]``:
+    the call in progress (start, op, bytes, n), None between calls: the heartbeat writes it once, so a
+    collective that never completes (a hang) is on the timeline too."""
     import time
 
     c10d = _ddpdoctor_loaded("torch.distributed.distributed_c10d")
@@ -170,16 +177,30 @@ def _ddpdoctor_time_collectives(events):
     if c10d is None or package is None:
         return False
     clock = time.monotonic
+    count = [0]  # this rank's timed calls so far: the number each one gets
+
+    def nbytes(x):
+        # the bytes of a tensor, or of a list of tensors (all_gather's output): numel and element_size only
+        try:
+            if isinstance(x, (list, tuple)):
+                return sum(t.numel() * t.element_size() for t in x)
+            return x.numel() * x.element_size()
+        except Exception:  # noqa: BLE001 - not a tensor (barrier, an object collective): no size
+            return 0
 
     def wrap(real):
+        op = getattr(real, "__name__", "collective")
+
         def timed(*args, **kwargs):
             if kwargs.get("async_op"):
                 return real(*args, **kwargs)  # completes later, at wait(): not timed
-            t0 = clock()
+            count[0] += 1
+            call = inflight[0] = (clock(), op, nbytes(args[0]) if args else 0, count[0])
             try:
                 return real(*args, **kwargs)
             finally:
-                events.append((t0, clock()))
+                inflight[0] = None
+                events.append((call[0], clock(), *call[1:]))
         timed.__wrapped__ = real
         timed.__name__ = getattr(real, "__name__", "collective")
         timed.__doc__ = getattr(real, "__doc__", None)
@@ -204,14 +225,21 @@ def _ddpdoctor_time_collectives(events):
     queue = torch.autograd.Variable._execution_engine.queue_callback
     compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
     real_forward = ddp.forward
+    grads = [0]  # bytes of the last hooked model's gradients: what DDP's all-reduce moves per step
 
     def backward_started(grad):
         # The gradient of the model's last parameter (the first that backward reaches): the backward has
         # started. DDP's reducer queues its own end-of-backward callback (which waits for the last
         # buckets' all-reduce) when its last bucket is ready, later in this backward; callbacks run in
         # order, and one queued while they run goes last: so the second of ours runs after DDP's wait.
-        t0 = clock()
-        queue(lambda: queue(lambda: events.append((t0, clock()))))
+        count[0] += 1
+        call = inflight[0] = (clock(), "ddp_backward_sync", grads[0], count[0])
+
+        def done():
+            inflight[0] = None
+            events.append((call[0], clock(), *call[1:]))
+
+        queue(lambda: queue(done))
 
     def forward(self, *args, **kwargs):
         if "_ddpdoctor_hooked" not in self.__dict__:
@@ -221,6 +249,7 @@ def _ddpdoctor_time_collectives(events):
                     self.__dict__["_ddpdoctor_hooked"] = True
                     params = [p for p in self.module.parameters() if p.requires_grad]
                     if params:  # once per model: a hook on a parameter stays (one per step: 3x the cost)
+                        grads[0] = sum(nbytes(p) for p in params)
                         params[-1].register_hook(backward_started)
             except Exception:  # noqa: BLE001 - never break the job
                 pass
@@ -229,6 +258,18 @@ def _ddpdoctor_time_collectives(events):
     forward._ddpdoctor_timed = True
     forward.__wrapped__ = real_forward
     ddp.forward = forward
+    optimizer = _ddpdoctor_loaded("torch.optim.optimizer")
+    steps = [0]
+
+    def step_started(*_args):
+        # every optimizer step (one clock read and an append): the report's and trace's step slices
+        steps[0] += 1
+        events.append(("step", clock(), steps[0]))
+
+    try:
+        optimizer.register_optimizer_step_pre_hook(step_started)
+    except Exception:  # noqa: BLE001 - a torch without global step hooks: no steps on the timeline
+        pass
     return True
 
 
@@ -371,17 +412,26 @@ def _ddpdoctor_install(role):
     timing = role in ("rank", "spawn") and os.environ.get("DDPDOCTOR_STRAGGLER", "1") != "0"
     coll_path = os.path.join(run_dir, f"coll-{pid}.txt")
     patched = [False]
+    inflight = [None]  # the collective in progress (see _ddpdoctor_time_collectives)
+    opened = [0]  # the number of the last one written as "open"
 
     def flush_timings():
         if not timing:
             return
         if not patched[0]:
-            patched[0] = _ddpdoctor_time_collectives(events)
-        if events:
+            patched[0] = _ddpdoctor_time_collectives(events, inflight)
+        call = inflight[0]
+        if events or (call is not None and call[3] != opened[0]):
             lines = []
             while events:
-                t0, t1 = events.popleft()
-                lines.append(f"{t0:.6f} {t1:.6f}\n")
+                e = events.popleft()
+                if e[0] == "step":
+                    lines.append(f"step {e[1]:.6f} {e[2]}\n")
+                else:
+                    lines.append(f"{e[0]:.6f} {e[1]:.6f} {e[2]} {e[3]} {e[4]}\n")
+            if call is not None and call[3] != opened[0] and inflight[0] is call:  # still running: a beat's worth in
+                opened[0] = call[3]
+                lines.append(f"open {call[0]:.6f} {call[1]} {call[2]} {call[3]}\n")
             fd = os.open(coll_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
             try:
                 os.write(fd, "".join(lines).encode())
