@@ -311,17 +311,19 @@ def list_checks() -> int:
 @click.option("--timeout", type=Number(**SECONDS), default=600.0, show_default=True, help="Deadline for the sweep, seconds.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the rows and the report as JSON to this path.")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write a page with bus and algorithm bandwidth against size, one line per operation.")
 @click.option("-v", "--verbose", is_flag=True, help="Show per-rank times and every rank's outcome.")
 def bench(nproc: Optional[int], backend: Optional[str], master_addr: str, master_port: int, min_bytes: str,
           max_bytes: str, ops: tuple, dtype: str, iters: int, warmup: int, timeout: float,
-          json_path: Optional[str], mode: Optional[str], verbose: bool) -> int:
+          json_path: Optional[str], html_path: Optional[str], mode: Optional[str], verbose: bool) -> int:
     """Sweep every collective over sizes and print an nccl-tests-like table (local or joined)."""
     from ddpdoctor.runner.bench import run_bench
 
     _quiet_logs()
     return run_bench(nproc=nproc, backend=backend, master_addr=master_addr, master_port=master_port,
                      min_bytes=str(min_bytes), max_bytes=str(max_bytes), ops=ops, dtype=dtype, iters=iters, warmup=warmup,
-                     timeout=timeout, json_path=json_path, mode=mode or "auto", verbose=verbose)
+                     timeout=timeout, json_path=json_path, mode=mode or "auto", verbose=verbose, html_path=html_path)
 
 
 @cli.command(epilog=EXIT_CODE_HELP)
@@ -339,21 +341,25 @@ def bench(nproc: Optional[int], backend: Optional[str], master_addr: str, master
               help="Deadline for the whole plan, seconds.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the report (with every round's readings) as JSON to this path.")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write a picture of the world: the nodes, each round's tests and figures, the suspects.")
 @click.option("-v", "--verbose", is_flag=True, help="Show every check's details and every rank's outcome.")
 def locate(nproc: Optional[int], backend: Optional[str], master_addr: str, master_port: int, size: str,
            iters: int, round_timeout: Optional[float], min_busbw: Optional[float], tolerance: float, timeout: float,
-           json_path: Optional[str], mode: Optional[str], verbose: bool) -> int:
+           json_path: Optional[str], html_path: Optional[str], mode: Optional[str], verbose: bool) -> int:
     """Find the slow or dead node, link or group of nodes in a few rounds of parallel tests."""
     from ddpdoctor.report.document import check_json_target
     from ddpdoctor.runner.locate import run_locate
 
     if json_path:
         check_json_target(json_path)
+    if html_path:
+        check_json_target(html_path, "--html")
     _quiet_logs()
     return run_locate(nproc=nproc, backend=backend, master_addr=master_addr, master_port=master_port,
                       size=size, iters=iters, round_timeout=round_timeout,
                       min_busbw=min_busbw, tolerance=tolerance, timeout=timeout, json_path=json_path, mode=mode or "auto",
-                      verbose=verbose)
+                      verbose=verbose, html_path=html_path)
 
 
 @cli.command()

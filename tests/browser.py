@@ -61,6 +61,12 @@ def open_page(path, work_dir, width: int = 1300, height: int = 1000):
         drv.execute_cdp_cmd("Network.emulateNetworkConditions", {
             "offline": True, "latency": 0, "downloadThroughput": 0, "uploadThroughput": 0})
         drv.get("file://" + os.path.abspath(str(path)))
+        shots = os.environ.get("DDPDOCTOR_SCREENSHOTS")  # a folder: each page opened is saved there, whole
+        if shots:
+            tall = drv.execute_script("return document.documentElement.scrollHeight")
+            drv.set_window_size(width, min(int(tall) + 40, 6000))
+            drv.save_screenshot(os.path.join(shots, os.path.basename(str(path)) + f".{os.getpid()}.png"))
+            drv.set_window_size(width, height)
         yield drv
     finally:
         drv.quit()

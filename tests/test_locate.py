@@ -140,7 +140,7 @@ def _locate_world(h: Hosts, cli_env: dict, tmp_path, extra_env=None, args=(), du
         argv = [PY, "-m", "ddpdoctor", "locate", "--size", "1M", "--iters", "5", "--tolerance", "0.9",
                 "--timeout", "120", *args]
         if i == 0:
-            argv += ["--json", str(tmp_path / "locate.json")]
+            argv += ["--json", str(tmp_path / "locate.json"), "--html", str(tmp_path / "locate.html")]
         procs.append(h.popen(i, argv, env))
     if during is not None:
         during(h, procs)
@@ -234,6 +234,19 @@ def test_two_switches_with_a_slow_uplink_are_named_as_the_cut_and_clean_as_nothi
         assert "halves" in kinds and "cross" in kinds, kinds
         assert "cut node0, node1 (ranks 0-1) | node2, node3 (ranks 2-3)" in report
         assert verdict["rounds"] <= 2 * math.ceil(math.log2(4)) + 3
+    # --html: the world round by round, and the cut drawn as the slow links across it
+    with open_page(tmp_path / "locate.html", tmp_path) as drv:
+        graphs = drv.find_elements("css selector", "svg.graph")
+        assert len(graphs) == verdict["rounds"] + 1
+        assert all(len(g.find_elements("css selector", "g.node")) == 4 for g in graphs)
+        last = graphs[-1]
+        assert len(last.find_elements("css selector", "g.node.suspect")) == 4
+        cut = last.find_elements("css selector", "g.edge")
+        assert len(cut) == 4 and all(e.get_attribute("data-slow") == "true" for e in cut)
+        assert drv.find_element("css selector", "table.suspects").find_elements("tag name", "td")[0].text == "cut"
+        pairs = drv.find_elements("css selector", "svg.graph g.edge text")
+        assert any(t.text.endswith(" GB/s") for t in pairs)
+        assert console_errors(drv) == []
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from typing import Sequence
 
 from ddpdoctor.report.svg import text
 
-__all__ = ["page", "section", "table", "preformatted", "save_page", "STYLE"]
+__all__ = ["page", "section", "table", "preformatted", "save_page", "write_page", "STYLE"]
 
 STYLE = """body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px;color:#222;max-width:1200px}
 h1{font-size:20px;margin:0 0 8px}h2{font-size:16px;margin:24px 0 8px;border-bottom:1px solid #ddd}
@@ -89,3 +89,20 @@ def save_page(path: str, html_text: str, flag: str = "--html") -> None:
         except OSError:
             pass
         raise
+
+
+def write_page(path: str, html_text: str, code: int) -> int:
+    """Write ``--html`` once the terminal report is out; the command's exit code (as ``--json``'s
+    :func:`ddpdoctor.report.document.save_json`: a page that cannot be written is one line on standard
+    error, and 74 when the verdict was 0)."""
+    import sys
+
+    from ddpdoctor.exitcodes import ExitCode
+
+    try:
+        save_page(path, html_text)
+    except OSError as exc:
+        print(f"error[html-write]: cannot write {text(path)}: {exc.strerror or exc}; the report above is complete; "
+              "free space there or choose another --html path", file=sys.stderr, flush=True)
+        return int(ExitCode.OUTPUT_FAILED) if code == 0 else code
+    return code

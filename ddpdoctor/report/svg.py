@@ -145,7 +145,7 @@ def line_chart(series: dict, x_label: str, y_label: str, log_x: bool = False, wi
     for t in _ticks(y_lo, y_hi, 5):
         p = _num(py(t))
         out.append(f'<line x1="{left}" y1="{p}" x2="{left + inner_w}" y2="{p}" stroke="#e4e4e4"/>'
-                   f'<text x="{left - 4}" y="{p}" dy="3" font-size="10" text-anchor="end">{_num(t) if t < 100 else int(t)}</text>')
+                   f'<text x="{left - 4}" y="{p}" dy="3" font-size="10" text-anchor="end">{t:.3g}</text>')
     out.append(f'<text x="{left + inner_w / 2:.0f}" y="{height - 8}" font-size="12" text-anchor="middle">'
                f'{text(x_label)}</text><text x="14" y="{top + inner_h / 2:.0f}" font-size="12" text-anchor="middle" '
                f'transform="rotate(-90 14 {top + inner_h / 2:.0f})">{text(y_label)}</text>')
@@ -156,7 +156,7 @@ def line_chart(series: dict, x_label: str, y_label: str, log_x: bool = False, wi
         out.append(f'<g class="series" data-name="{text(name)}">'
                    f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"/>')
         out += [f'<circle cx="{_num(px(x))}" cy="{_num(py(y))}" r="2.5" fill="{color}"><title>{text(name)}: '
-                f'{text(x_format(x))}, {_num(y)}</title></circle>' for x, y in good]
+                f'{text(x_format(x))}, {y:.4g}</title></circle>' for x, y in good]
         ly = top + 14 + i * 16
         out.append(f'<line x1="{width - right + 10}" y1="{ly - 4}" x2="{width - right + 28}" y2="{ly - 4}" '
                    f'stroke="{color}" stroke-width="3"/><text x="{width - right + 32}" y="{ly}" font-size="11">'

@@ -45,7 +45,8 @@ def format_size(n: int) -> str:
 
 def run_bench(*, nproc: Optional[int], backend: Optional[str], master_addr: str, master_port: int,
               min_bytes: str, max_bytes: str, ops: Sequence[str], dtype: str, iters: int, warmup: int,
-              timeout: float, json_path: Optional[str], mode: str, verbose: bool) -> int:
+              timeout: float, json_path: Optional[str], mode: str, verbose: bool,
+              html_path: Optional[str] = None) -> int:
     """Run the sweep, print the table on the reporting rank, write ``json_path``; the exit code.
 
     Raises:
@@ -65,6 +66,8 @@ def run_bench(*, nproc: Optional[int], backend: Optional[str], master_addr: str,
     lo, hi = parse_bytes(min_bytes, "--min-bytes"), parse_bytes(max_bytes, "--max-bytes")
     if json_path:
         check_json_target(json_path)
+    if html_path:
+        check_json_target(html_path, "--html")
     if lo > hi:
         raise UsageError("bad-size", f"--min-bytes {format_size(lo)} is larger than --max-bytes {format_size(hi)}",
                          "make --min-bytes the smaller one")
@@ -102,8 +105,15 @@ def run_bench(*, nproc: Optional[int], backend: Optional[str], master_addr: str,
     lines.append(footer(report, False))
     out.write("\n".join(lines) + "\n")
     out.flush()
+    code = outcome.exit_code
     if json_path:
         doc = {"schema": 1, "settings": settings, "world": report.world.to_dict(), "status": report.status.label,
                "exit_code": int(outcome.exit_code), "rows": rows, "report": report.to_dict()}
-        return save_json(json_path, doc, outcome.exit_code)
-    return outcome.exit_code
+        code = save_json(json_path, doc, code)
+    if html_path:
+        from ddpdoctor.report.page import write_page
+        from ddpdoctor.report.pictures import bench_page
+
+        code = write_page(html_path, bench_page(rows, lines[:2], render_table(rows),
+                                                f"{result.status.label}: {result.summary}"), code)
+    return code
