@@ -48,6 +48,7 @@ def open_page(path, work_dir, width: int = 1300, height: int = 1000):
     # Chromium's singleton socket lives in TMPDIR, and a socket path has at most 107 bytes: a short folder,
     # removed below
     short = tempfile.mkdtemp(prefix="ddc-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    os.environ.setdefault("SE_OFFLINE", "true")  # selenium-manager never downloads a driver or a browser
     env = {**os.environ, "TMPDIR": short, "HOME": work}
     service = Service(executable_path=driver_path, env=env, log_output=os.path.join(work, "driver.log"))
     try:

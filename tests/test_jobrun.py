@@ -148,6 +148,11 @@ def test_rank_killed_by_sigkill_is_named(cli_env, tmp_path):
         "all_reduce [4] Float"), p.stderr[-3000:]
     assert "    rank 1: left no dump: ended without a Python exit (killed by a signal)" in lines[2:5], lines[:6]
     assert_nothing_left(run_dir)
+    # the timeline marks the death on rank 1, and rank 1 only, as the first
+    trace = json.loads((run_dir / "trace.json").read_text())
+    ranks = check_trace(trace)
+    died = [(ranks[e["pid"]], e["args"]["what"]) for e in trace["traceEvents"] if e["ph"] == "i" and e["name"] == "died"]
+    assert died == [(1, "rank 1 ended without a Python exit (killed by a signal)")], died
 
 
 @pytest.mark.timeout(120)
@@ -160,6 +165,12 @@ def test_healthy_job_is_untouched_and_its_output_teed(cli_env, tmp_path):
     raw = run_dir / "output.raw.log"
     assert "rank 0 done" in raw.read_text() and (raw.stat().st_mode & 0o777) == 0o600
     assert not any(os.path.getsize(f) for f in glob.glob(str(run_dir / "stacks-*.txt")))  # never signalled
+    # --keep keeps the pictures too: each rank's 5 all_reduces on its own process of the trace, no mark
+    trace = json.loads((run_dir / "trace.json").read_text())
+    assert sorted(check_trace(trace).values()) == [0, 1]
+    assert sorted(e["args"]["n"] for e in trace["traceEvents"] if e["ph"] == "X") == [1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+    assert not [e for e in trace["traceEvents"] if e["ph"] == "i"]
+    assert "<svg" in (run_dir / "report.html").read_text()
 
 
 @pytest.mark.timeout(120)

@@ -765,10 +765,13 @@ class _Pictures:
         w = self.watch
         first = w.first_death()
         rows = []
+        skew = time.time() - time.monotonic()  # the hook's exit record has the wall clock: when the rank ended
         for p in w.ranks():
             mark = w.marks.get(p.pid)
             if mark is None and p in w.deaths and (w.verdict_at is None or p.ended_at <= w.verdict_at + POLL):
-                mark = Mark("died" if p is first else "ended", p.ended_at, f"{p.label} {p.death()}")
+                t = (p.end or {}).get("t")  # else (a signal): when run saw it gone, up to a poll later
+                at = min(p.ended_at, t - skew) if isinstance(t, (int, float)) else p.ended_at
+                mark = Mark("died" if p is first else "ended", at, f"{p.label} {p.death()}")
             key = p.rank if p.rank is not None else p.label
             rows.append(read_rank(self.rd.path, p.pid, key, str(p.info.get("host") or ""),
                                   end=mark.at if mark else (p.ended_at if not p.alive else None), limit=limit))
@@ -800,7 +803,8 @@ class _Pictures:
                 "trace.json" if os.path.dirname(here) == self.rd.path else "file://" + trace)
             picture = RunPicture(kind, headline, self.spec.command, self.rd.path if kept else "", code, doc,
                                  self.watch.verdict_lines, rows, self.stragglers.history, self.stragglers.summary(),
-                                 self.watches.to_json(), link)
+                                 self.watches.to_json(), link,
+                                 first=self.watch.first_death().label if self.watch.first_death() else "")
             html_text = render_run_page(picture)
         except Exception as exc:  # noqa: BLE001 - the verdict is out already: a picture that fails is one line
             _say(self.spec, [f"ddpdoctor run: report.html not written: {type(exc).__name__}: {exc}"])

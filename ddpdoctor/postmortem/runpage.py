@@ -37,6 +37,7 @@ class RunPicture:
         stragglers: one line per rank named a straggler.
         findings: the silent-bug findings (``Finding.to_dict``).
         trace: where the page links to ``trace.json`` ("" when no trace was kept).
+        first: the rank that failed first, in words.
     """
 
     kind: str
@@ -51,6 +52,7 @@ class RunPicture:
     stragglers: Sequence[str] = ()
     findings: Sequence[dict] = ()
     trace: str = ""
+    first: str = ""  # the rank that failed first ("rank 1")
     started: float = field(default_factory=time.time)
 
 
@@ -61,13 +63,13 @@ def _verdict(p: RunPicture) -> str:
     cause = doc.get("cause") or doc.get("first_failure")
     if cause:
         parts.append(f'<p id="cause"><b>Cause:</b> {text(cause)}</p>')
-    deaths = doc.get("deaths") or []
-    if p.kind == "failed" and deaths:
-        who = ", ".join(f"rank {d['rank']}" if d.get("rank") is not None else f"pid {d.get('pid')}" for d in deaths[:4])
-        first = doc.get("cause") or ""
-        parts.append(f'<p id="who"><b>Rank:</b> {text(who)}</p>' if len(deaths) == 1 else
-                     f'<p id="who"><b>Ranks that ended:</b> {text(who)} (the first: see the cause)</p>' if first else
-                     f'<p id="who"><b>Ranks that ended:</b> {text(who)}</p>')
+    deaths = [f"rank {d['rank']}" if d.get("rank") is not None else f"pid {d.get('pid')}"
+              for d in doc.get("deaths") or []]
+    if p.kind == "failed" and (p.first or deaths):
+        first = p.first or deaths[0]
+        after = [d for d in deaths if d != first][:8]
+        parts.append(f'<p id="who"><b>Rank:</b> {text(first)}, the first to fail'
+                     + (f" (after it: {text(', '.join(after))})" if after else "") + "</p>")
     odd = [line.strip() for line in p.lines if "the odd one out" in line]
     places = [(s.get("rank"), s.get("place")) for s in doc.get("stacks") or [] if s.get("place")]
     if places and p.kind != "ok":
