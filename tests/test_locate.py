@@ -246,6 +246,11 @@ def test_two_switches_with_a_slow_uplink_are_named_as_the_cut_and_clean_as_nothi
         assert drv.find_element("css selector", "table.suspects").find_elements("tag name", "td")[0].text == "cut"
         pairs = drv.find_elements("css selector", "svg.graph g.edge text")
         assert any(t.text.endswith(" GB/s") for t in pairs)
+        # the world's test of all four nodes together: a slow group
+        world = [r for r in verdict["readings"] if len(r["nodes"]) == 4]
+        groups = drv.find_elements("css selector", "svg.graph g.group")
+        assert world and [g.get_attribute("data-slow") for g in groups if len(
+            g.find_element("tag name", "polygon").get_attribute("points").split()) == 4] == ["true"] * len(world)
         assert console_errors(drv) == []
 
 

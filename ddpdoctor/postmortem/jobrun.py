@@ -774,7 +774,7 @@ class _Pictures:
                 mark = Mark("died" if p is first else "ended", at, f"{p.label} {p.death()}")
             key = p.rank if p.rank is not None else p.label
             rows.append(read_rank(self.rd.path, p.pid, key, str(p.info.get("host") or ""),
-                                  end=mark.at if mark else (p.ended_at if not p.alive else None), limit=limit))
+                                  end=mark.at if mark else None, limit=limit))
             rows[-1].mark = mark
         return rows
 

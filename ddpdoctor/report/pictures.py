@@ -2,8 +2,9 @@
 
 * bench: bus bandwidth and algorithm bandwidth against the message size, one line per operation,
   beside the nccl-tests table;
-* locate: the nodes, the tests of each round (a pair as a line with its GB/s; a node's own ranks, a
-  group or the halves as a row of the table), the suspects in red and a cut as the red links across it.
+* locate: the nodes, the tests of each round (a pair as a line with its GB/s, three or more nodes as a
+  dashed polygon through them, a node's own ranks in the table), the suspects in red and a cut as the
+  red links across it.
 """
 
 from __future__ import annotations
@@ -60,18 +61,20 @@ def locate_page(data: dict, summary: str, hint: str, tolerance: float) -> str:
     bad = sorted({n for s in suspects if s["kind"] != "all" for n in s["nodes"] + s.get("other", [])})
     pictures, rows = [], []
     for no, readings in sorted(rounds.items()):
-        edges = []
+        edges, groups = [], []
         for r in readings:
             figure = "no answer" if r["busbw"] is None else f"{r['busbw']:.3g} GB/s"
             slow = _slow(r["busbw"], base, tolerance)
             if len(r["nodes"]) == 2:
                 a, b = r["nodes"]
                 edges.append(Edge(names[a], names[b], figure, slow))
+            elif len(r["nodes"]) > 2:
+                groups.append(([names[n] for n in r["nodes"] if n < len(names)], figure, slow))
             rows.append([no, r["kind"], ", ".join(names[n] for n in r["nodes"] if n < len(names)), figure,
                          "" if r.get("latency_us") is None else f"{r['latency_us']:.3g}",
                          ("slow" if slow else "ok") + (f" ({r['error']})" if r.get("error") else "")])
         kinds = ", ".join(sorted({r["kind"] for r in readings}))
-        pictures.append(graph(Graph(names, edges, [], f"round {no}: {kinds}")))
+        pictures.append(graph(Graph(names, edges, [], f"round {no}: {kinds}", groups)))
     cut_edges = [Edge(names[a], names[b], "cut", True) for s in suspects if s["kind"] == "cut"
                  for a in s["nodes"] for b in s.get("other", [])]
     pictures.append(graph(Graph(names, cut_edges, [names[n] for n in bad if n < len(names)], "suspects")))

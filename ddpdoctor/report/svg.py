@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from ddpdoctor.system.redact import safe_text
@@ -183,12 +183,12 @@ class Graph:
     edges: Sequence[Edge] = ()
     suspects: Sequence[str] = ()
     title: str = ""
-    notes: list = field(default_factory=list)
+    groups: Sequence[tuple] = ()  # (nodes, label, slow): a test of three or more nodes together
 
 
 def graph(g: Graph, size: int = 300) -> str:
-    """The nodes around a circle, each tested pair a line (red: slow or failed) with its figure; a suspect
-    node red. Nodes are ``<g class="node" data-node=...>``, pairs ``<g class="edge" data-slow=...>``."""
+    """The nodes around a circle, each tested pair a line (red: slow or failed) with its figure, a test of
+    three or more nodes a dashed polygon through them; a suspect node red. Nodes are ``<g class="node" data-node=...>``, pairs ``<g class="edge" data-slow=...>``."""
     n = max(len(g.nodes), 1)
     cx = cy = size / 2
     r = size / 2 - 46
@@ -199,6 +199,17 @@ def graph(g: Graph, size: int = 300) -> str:
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="graph" width="{size}" height="{size + 18}" '
            f'viewBox="0 0 {size} {size + 18}" role="img" aria-label="{text(g.title)}">',
            f'<text x="{cx:.0f}" y="14" font-size="12" font-weight="bold" text-anchor="middle">{text(g.title)}</text>']
+    for nodes, label, slow in g.groups:
+        pts = [where[n] for n in nodes if n in where]
+        if len(pts) < 3:
+            continue
+        color = "#c00" if slow else "#2a2"
+        cx_, cy_ = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts) + 18
+        poly = " ".join(f"{x:.1f},{y + 18:.1f}" for x, y in pts)
+        out.append(f'<g class="group" data-slow="{str(slow).lower()}"><polygon points="{poly}" fill="{color}" '
+                   f'fill-opacity="0.12" stroke="{color}" stroke-dasharray="4 3" stroke-width="2"/>'
+                   f'<text x="{cx_:.1f}" y="{cy_:.1f}" font-size="10" text-anchor="middle" fill="{color}" '
+                   f'stroke="#fff" stroke-width="3" paint-order="stroke">{text(label)}</text></g>')
     for e in g.edges:
         if e.a not in where or e.b not in where:
             continue

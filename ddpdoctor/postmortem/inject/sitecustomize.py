@@ -258,17 +258,28 @@ def _ddpdoctor_time_collectives(events, inflight):
     forward._ddpdoctor_timed = True
     forward.__wrapped__ = real_forward
     ddp.forward = forward
+    return True
+
+
+def _ddpdoctor_time_steps(events):
+    """A global optimizer step pre-hook that records when each step starts (one clock read and an append):
+    the timeline's steps. True once installed (``torch.optim.optimizer`` fully imported), or when it
+    never can be (a torch without global step hooks)."""
+    import time
+
     optimizer = _ddpdoctor_loaded("torch.optim.optimizer")
+    if optimizer is None:
+        return False
+    clock = time.monotonic
     steps = [0]
 
     def step_started(*_args):
-        # every optimizer step (one clock read and an append): the report's and trace's step slices
         steps[0] += 1
         events.append(("step", clock(), steps[0]))
 
     try:
         optimizer.register_optimizer_step_pre_hook(step_started)
-    except Exception:  # noqa: BLE001 - a torch without global step hooks: no steps on the timeline
+    except Exception:  # noqa: BLE001 - no global step hooks: no steps on the timeline
         pass
     return True
 
@@ -411,7 +422,7 @@ def _ddpdoctor_install(role):
     events = collections.deque()
     timing = role in ("rank", "spawn") and os.environ.get("DDPDOCTOR_STRAGGLER", "1") != "0"
     coll_path = os.path.join(run_dir, f"coll-{pid}.txt")
-    patched = [False]
+    patched = [False, False]  # the collectives wrapped, the step hook installed
     inflight = [None]  # the collective in progress (see _ddpdoctor_time_collectives)
     opened = [0]  # the number of the last one written as "open"
 
@@ -420,6 +431,8 @@ def _ddpdoctor_install(role):
             return
         if not patched[0]:
             patched[0] = _ddpdoctor_time_collectives(events, inflight)
+        if not patched[1]:
+            patched[1] = _ddpdoctor_time_steps(events)
         call = inflight[0]
         if events or (call is not None and call[3] != opened[0]):
             lines = []
