@@ -318,6 +318,10 @@ def bench(nproc: Optional[int], backend: Optional[str], master_addr: str, master
           max_bytes: str, ops: tuple, dtype: str, iters: int, warmup: int, timeout: float,
           json_path: Optional[str], html_path: Optional[str], mode: Optional[str], verbose: bool) -> int:
     """Sweep every collective over sizes and print an nccl-tests-like table (local or joined)."""
+    from ddpdoctor.report.document import check_json_target
+
+    if html_path:
+        check_json_target(html_path, "--html")
     from ddpdoctor.runner.bench import run_bench
 
     _quiet_logs()
@@ -349,12 +353,13 @@ def locate(nproc: Optional[int], backend: Optional[str], master_addr: str, maste
            json_path: Optional[str], html_path: Optional[str], mode: Optional[str], verbose: bool) -> int:
     """Find the slow or dead node, link or group of nodes in a few rounds of parallel tests."""
     from ddpdoctor.report.document import check_json_target
-    from ddpdoctor.runner.locate import run_locate
 
     if json_path:
         check_json_target(json_path)
     if html_path:
         check_json_target(html_path, "--html")
+    from ddpdoctor.runner.locate import run_locate
+
     _quiet_logs()
     return run_locate(nproc=nproc, backend=backend, master_addr=master_addr, master_port=master_port,
                       size=size, iters=iters, round_timeout=round_timeout,

@@ -85,3 +85,14 @@ def test_run_html_link_is_refused_before_the_job_starts(cli_env, tmp_path):
     assert p.returncode == 2 and p.stderr.startswith("error[json-path]: --html ") and "symbolic link" in p.stderr
     assert not marker.exists() and not (tmp_path / "run").exists()
     assert (tmp_path / "elsewhere").read_text() == "mine"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("command", [["bench", "--nproc", "2"], ["locate", "--nproc", "2"]])
+def test_bench_and_locate_refuse_an_html_link_before_any_work(cli_env, tmp_path, command):
+    (tmp_path / "elsewhere").write_text("mine")
+    (tmp_path / "r.html").symlink_to(tmp_path / "elsewhere")
+    p = subprocess.run([sys.executable, "-m", "ddpdoctor", *command, "--html", str(tmp_path / "r.html")],
+                       env=cli_env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.startswith("error[json-path]: --html ") and "symbolic link" in p.stderr
+    assert p.stdout == "" and (tmp_path / "elsewhere").read_text() == "mine"
