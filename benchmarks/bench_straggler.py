@@ -157,7 +157,7 @@ def micro(blocks: int, block: int) -> None:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         events: collections.deque = collections.deque()
-        if not inject._ddpdoctor_time_collectives(events):
+        if not inject._ddpdoctor_time_collectives(events, [None]):
             raise SystemExit("the injected timing did not install")
 
         def make() -> DDP:

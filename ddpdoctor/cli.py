@@ -327,17 +327,23 @@ def list_checks() -> int:
 @click.option("--timeout", type=Number(**SECONDS), default=600.0, show_default=True, help="Deadline for the sweep, seconds.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the rows and the report as JSON to this path.")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write a page with bus and algorithm bandwidth against size, one line per operation.")
 @click.option("-v", "--verbose", is_flag=True, help="Show per-rank times and every rank's outcome.")
 def bench(nproc: Optional[int], backend: Optional[str], master_addr: str, master_port: int, min_bytes: str,
           max_bytes: str, ops: tuple, dtype: str, iters: int, warmup: int, timeout: float,
-          json_path: Optional[str], mode: Optional[str], verbose: bool) -> int:
+          json_path: Optional[str], html_path: Optional[str], mode: Optional[str], verbose: bool) -> int:
     """Sweep every collective over sizes and print an nccl-tests-like table (local or joined)."""
+    from ddpdoctor.report.document import check_json_target
+
+    if html_path:
+        check_json_target(html_path, "--html")
     from ddpdoctor.runner.bench import run_bench
 
     _quiet_logs()
     return run_bench(nproc=nproc, backend=backend, master_addr=master_addr, master_port=master_port,
                      min_bytes=str(min_bytes), max_bytes=str(max_bytes), ops=ops, dtype=dtype, iters=iters, warmup=warmup,
-                     timeout=timeout, json_path=json_path, mode=mode or "auto", verbose=verbose)
+                     timeout=timeout, json_path=json_path, mode=mode or "auto", verbose=verbose, html_path=html_path)
 
 
 @cli.command(epilog=exit_code_help("locate"))
@@ -355,21 +361,26 @@ def bench(nproc: Optional[int], backend: Optional[str], master_addr: str, master
               help="Deadline for the whole plan, seconds.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the report (with every round's readings) as JSON to this path.")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write a picture of the world: the nodes, each round's tests and figures, the suspects.")
 @click.option("-v", "--verbose", is_flag=True, help="Show every check's details and every rank's outcome.")
 def locate(nproc: Optional[int], backend: Optional[str], master_addr: str, master_port: int, size: str,
            iters: int, round_timeout: Optional[float], min_busbw: Optional[float], tolerance: float, timeout: float,
-           json_path: Optional[str], mode: Optional[str], verbose: bool) -> int:
+           json_path: Optional[str], html_path: Optional[str], mode: Optional[str], verbose: bool) -> int:
     """Find the slow or dead node, link or group of nodes in a few rounds of parallel tests."""
     from ddpdoctor.report.document import check_json_target
-    from ddpdoctor.runner.locate import run_locate
 
     if json_path:
         check_json_target(json_path)
+    if html_path:
+        check_json_target(html_path, "--html")
+    from ddpdoctor.runner.locate import run_locate
+
     _quiet_logs()
     return run_locate(nproc=nproc, backend=backend, master_addr=master_addr, master_port=master_port,
                       size=size, iters=iters, round_timeout=round_timeout,
                       min_busbw=min_busbw, tolerance=tolerance, timeout=timeout, json_path=json_path, mode=mode or "auto",
-                      verbose=verbose)
+                      verbose=verbose, html_path=html_path)
 
 
 @cli.command()
@@ -467,6 +478,9 @@ def stacks(pids: tuple, wait: float) -> int:
 @click.option("--no-watch", "no_watch", multiple=True, metavar="NAMES",
               help="Turn off watches for silent bugs, comma-separated: sampler-epoch, data-plan, desync, bn-drift, "
                    "solo-wait (or DDPDOCTOR_WATCH_<NAME>=0).")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write the run's report.html (verdict, timeline per rank, stragglers, findings) to this "
+                   "path, even for a healthy run.")
 @click.option("--list", "list_runs", is_flag=True,
               help="List the kept run directories under the runs root (age, size, verdict), then exit.")
 @click.option("--prune", metavar="AGE", default=None,
@@ -475,12 +489,18 @@ def stacks(pids: tuple, wait: float) -> int:
 @click.option("--dry-run", is_flag=True, help="With --prune: say what would be removed, remove nothing.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(hang_timeout: float, run_dir: Optional[str], keep: bool, keep_hung: bool, straggler_window: float,
-        straggler_windows: int, no_watch: tuple, list_runs: bool, prune: Optional[str], dry_run: bool,
-        command: tuple) -> int:
+        straggler_windows: int, no_watch: tuple, html_path: Optional[str], list_runs: bool, prune: Optional[str],
+        dry_run: bool, command: tuple) -> int:
     """Run a training command (after --) and explain it if it hangs or dies; or list (--list) or prune
     (--prune AGE) the kept run directories."""
     from ddpdoctor.postmortem.jobrun import RunSpec, run_job
     from ddpdoctor.postmortem.watches import parse_no_watch
+    from ddpdoctor.report.document import check_json_target
+
+    if html_path is not None:
+        if not html_path.strip():
+            raise UsageError("json-path", "--html '' is empty (an unset variable?)", "pass a file path")
+        check_json_target(html_path, "--html")
 
     if dry_run and prune is None:
         raise UsageError("run-usage", "--dry-run goes with --prune AGE", "add --prune 7d (or another age)")
@@ -499,7 +519,8 @@ def run(hang_timeout: float, run_dir: Optional[str], keep: bool, keep_hung: bool
     # a closed stdout or stderr (>&-) is already /dev/null here (__main__): the job runs, its code returned
     return run_job(RunSpec(command=list(command), hang_timeout=hang_timeout, run_dir=run_dir, keep=keep,
                            keep_hung=keep_hung, straggler_window=straggler_window,
-                           straggler_windows=straggler_windows, no_watch=parse_no_watch(no_watch)))
+                           straggler_windows=straggler_windows, no_watch=parse_no_watch(no_watch),
+                           html=html_path))
 
 
 def _quiet_logs() -> None:

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from browser import console_errors, open_page
+
 from ddpdoctor.diagnostics.collective_plan import BUS_FACTORS, bandwidth, format_bytes, select_ops
 
 CMD = [sys.executable, "-m", "ddpdoctor"]
@@ -20,8 +22,9 @@ def run(args, env, timeout=90):
 @pytest.mark.timeout(120)
 def test_bench_prints_an_nccl_tests_table_and_writes_json(cli_env, tmp_path):
     path = tmp_path / "bench.json"
+    page = tmp_path / "bench.html"
     p = run(["bench", "--nproc", "3", "--min-bytes", "8", "--max-bytes", "64", "--ops", "all_reduce,send_recv",
-             "--iters", "2", "--warmup", "1", "--json", str(path)], cli_env)
+             "--iters", "2", "--warmup", "1", "--json", str(path), "--html", str(page)], cli_env)
     assert p.returncode == 0, p.stdout + p.stderr
     lines = p.stdout.splitlines()
     assert lines[0] == "ddpdoctor 0.1.0: local world of 3 ranks (gloo) on 1 node"
@@ -41,6 +44,18 @@ def test_bench_prints_an_nccl_tests_table_and_writes_json(cli_env, tmp_path):
     for row in doc["rows"]:
         assert row["busbw"] == pytest.approx(row["algbw"] * (4 / 3 if row["family"] == "all_reduce" else 1.0))
         assert sorted(row["rank_time_us"]) == ["0", "1", "2"]
+    # --html: bus and algorithm bandwidth against size, one line per operation with a point per size
+    with open_page(page, tmp_path) as drv:
+        for key in ("busbw", "algbw"):
+            lines = drv.find_elements("css selector", f".chart-{key} g.series")
+            assert [g.get_attribute("data-name") for g in lines] == doc["settings"]["ops"]
+            for g, op in zip(lines, doc["settings"]["ops"]):
+                shown = [c.find_element("tag name", "title").get_attribute("textContent") for c in
+                         g.find_elements("tag name", "circle")]
+                want = sorted((r["size"], r[key]) for r in doc["rows"] if r["op"] == op)
+                assert len(shown) == 4 and [s.split(": ")[1].split(",")[0] for s in shown] == [str(n) for n, _ in want]
+        assert "all_reduce(sum)" in drv.find_element("id", "table").text
+        assert console_errors(drv) == []
 
 
 @pytest.mark.timeout(60)

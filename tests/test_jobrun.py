@@ -16,7 +16,9 @@ import pytest
 import ddpdoctor
 
 from ddpdoctor.exitcodes import ExitCode
+from browser import console_errors, open_page
 from jobscripts import line_of, torchrun, write_train
+from traces import check_trace
 
 CMD = [sys.executable, "-m", "ddpdoctor", "run"]
 
@@ -61,6 +63,29 @@ def test_hang_names_the_rank_and_line_and_exits_124(cli_env, tmp_path):
     assert "dataset_read" in (run_dir / "stacks.txt").read_text()
     assert (run_dir / "output.raw.log").exists()
     assert_nothing_left(run_dir)
+    # trace.json: the format, one process per rank; rank 0's all_reduce #4 never completed, and is there
+    trace = json.loads((run_dir / "trace.json").read_text())
+    ranks = check_trace(trace)
+    assert sorted(ranks.values()) == [0, 1]
+    rank_of = {pid: r for pid, r in ranks.items()}
+    colls = [e for e in trace["traceEvents"] if e.get("cat") == "collective"]
+    assert {(rank_of[e["pid"]], e["args"]["n"]) for e in colls} >= {(0, 1), (0, 2), (0, 3), (1, 1), (1, 2), (1, 3)}
+    assert all(e["args"]["op"].startswith("all_reduce") and e["args"]["bytes"] == 16 for e in colls), colls
+    stuck = [e for e in colls if e["name"] == "all_reduce (not completed)"]
+    assert [(rank_of[e["pid"]], e["args"]["n"]) for e in stuck] == [(0, 4)], stuck
+    hung = {rank_of[e["pid"]]: e["args"]["what"] for e in trace["traceEvents"] if e["ph"] == "i"}
+    assert "all_reduce" in hung[0] and "dataset_read" in hung[1], hung
+    # report.html in a real browser: the verdict first, one row per rank, each rank's hang marked where it was
+    with open_page(run_dir / "report.html", tmp_path) as page:
+        assert page.find_element("id", "headline").text == "hung: no rank made progress for 3s"
+        assert "rank 1: dataset_read" in page.find_element("id", "odd").text
+        rows = page.find_elements("css selector", "svg.timeline g.row")
+        assert [r.get_attribute("data-key") for r in rows] == ["0", "1"]
+        marks = {m.get_attribute("data-key"): m.find_element("tag name", "title").get_attribute("textContent")
+                 for m in page.find_elements("css selector", "g.mark.mark-hung")}
+        assert "all_reduce" in marks["0"] and "dataset_read" in marks["1"], marks
+        assert page.find_element("id", "trace-link").get_attribute("href").endswith("/trace.json")
+        assert console_errors(page) == []
 
 
 @pytest.mark.slow
@@ -96,6 +121,15 @@ def test_rank_that_raises_is_named_with_its_line(cli_env, tmp_path):
     assert "peer-closed: a peer rank went away (rank 0)" in p.stderr
     assert "hung" not in p.stderr
     assert_nothing_left(run_dir)
+    check_trace(json.loads((run_dir / "trace.json").read_text()))
+    with open_page(run_dir / "report.html", tmp_path) as page:
+        assert page.find_element("id", "cause").text.startswith("Cause: rank 1 raised RuntimeError: boom on rank 1 at "
+                                                                f"train ({name}:{line_of('raise')})")
+        assert [r.get_attribute("data-key") for r in page.find_elements("css selector", "svg.timeline g.row")] == \
+            ["0", "1"]
+        assert [m.get_attribute("data-key") for m in page.find_elements("css selector", "g.mark.mark-died")] == ["1"]
+        assert "Fix:" in page.find_element("id", "fix").text
+        assert console_errors(page) == []
 
 
 @pytest.mark.timeout(120)
@@ -117,6 +151,11 @@ def test_rank_killed_by_sigkill_is_named(cli_env, tmp_path):
         "all_reduce [4] Float"), p.stderr[-3000:]
     assert "    rank 1: left no dump: ended without a Python exit (killed by a signal)" in lines[2:5], lines[:6]
     assert_nothing_left(run_dir)
+    # the timeline marks the death on rank 1, and rank 1 only, as the first
+    trace = json.loads((run_dir / "trace.json").read_text())
+    ranks = check_trace(trace)
+    died = [(ranks[e["pid"]], e["args"]["what"]) for e in trace["traceEvents"] if e["ph"] == "i" and e["name"] == "died"]
+    assert died == [(1, "rank 1 ended without a Python exit (killed by a signal)")], died
 
 
 @pytest.mark.timeout(120)
@@ -129,6 +168,12 @@ def test_healthy_job_is_untouched_and_its_output_teed(cli_env, tmp_path):
     raw = run_dir / "output.raw.log"
     assert "rank 0 done" in raw.read_text() and (raw.stat().st_mode & 0o777) == 0o600
     assert not any(os.path.getsize(f) for f in glob.glob(str(run_dir / "stacks-*.txt")))  # never signalled
+    # --keep keeps the pictures too: each rank's 5 all_reduces on its own process of the trace, no mark
+    trace = json.loads((run_dir / "trace.json").read_text())
+    assert sorted(check_trace(trace).values()) == [0, 1]
+    assert sorted(e["args"]["n"] for e in trace["traceEvents"] if e["ph"] == "X") == [1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+    assert not [e for e in trace["traceEvents"] if e["ph"] == "i"]
+    assert "<svg" in (run_dir / "report.html").read_text()
 
 
 @pytest.mark.timeout(120)

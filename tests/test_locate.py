@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from browser import console_errors, open_page
+
 from ddpdoctor.locate.planner import Judge, Locator, Reading
 from ddpdoctor.locate.simulation import run_plan, scenario, score
 from jobscripts import torchrun
@@ -138,7 +140,7 @@ def _locate_world(h: Hosts, cli_env: dict, tmp_path, extra_env=None, args=(), du
         argv = [PY, "-m", "ddpdoctor", "locate", "--size", "1M", "--iters", "5", "--tolerance", "0.9",
                 "--timeout", "120", *args]
         if i == 0:
-            argv += ["--json", str(tmp_path / "locate.json")]
+            argv += ["--json", str(tmp_path / "locate.json"), "--html", str(tmp_path / "locate.html")]
         procs.append(h.popen(i, argv, env))
     if during is not None:
         during(h, procs)
@@ -232,6 +234,24 @@ def test_two_switches_with_a_slow_uplink_are_named_as_the_cut_and_clean_as_nothi
         assert "halves" in kinds and "cross" in kinds, kinds
         assert "cut node0, node1 (ranks 0-1) | node2, node3 (ranks 2-3)" in report
         assert verdict["rounds"] <= 2 * math.ceil(math.log2(4)) + 3
+    # --html: the world round by round, and the cut drawn as the slow links across it
+    with open_page(tmp_path / "locate.html", tmp_path) as drv:
+        graphs = drv.find_elements("css selector", "svg.graph")
+        assert len(graphs) == verdict["rounds"] + 1
+        assert all(len(g.find_elements("css selector", "g.node")) == 4 for g in graphs)
+        last = graphs[-1]
+        assert len(last.find_elements("css selector", "g.node.suspect")) == 4
+        cut = last.find_elements("css selector", "g.edge")
+        assert len(cut) == 4 and all(e.get_attribute("data-slow") == "true" for e in cut)
+        assert drv.find_element("css selector", "table.suspects").find_elements("tag name", "td")[0].text == "cut"
+        pairs = drv.find_elements("css selector", "svg.graph g.edge text")
+        assert any(t.text.endswith(" GB/s") for t in pairs)
+        # the world's test of all four nodes together: a slow group
+        world = [r for r in verdict["readings"] if len(r["nodes"]) == 4]
+        groups = drv.find_elements("css selector", "svg.graph g.group")
+        assert world and [g.get_attribute("data-slow") for g in groups if len(
+            g.find_element("tag name", "polygon").get_attribute("points").split()) == 4] == ["true"] * len(world)
+        assert console_errors(drv) == []
 
 
 @pytest.mark.slow
@@ -381,11 +401,11 @@ dist.destroy_process_group()
 '''
 
 
-def _run_straggler_job(cli_env, tmp_path, slow):
+def _run_straggler_job(cli_env, tmp_path, slow, extra=()):
     script = tmp_path / "job.py"
     script.write_text(STRAGGLER_JOB)
     env = {**cli_env, "XDG_STATE_HOME": str(tmp_path / "state"), "OMP_NUM_THREADS": "1"}
-    cmd = [PY, "-m", "ddpdoctor", "run", "--hang-timeout", "60", "--straggler-window", "1", "--",
+    cmd = [PY, "-m", "ddpdoctor", "run", "--hang-timeout", "60", "--straggler-window", "1", *extra, "--",
            *torchrun(str(script), str(slow), "45", nproc=4)]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150)
 
@@ -394,11 +414,27 @@ def _run_straggler_job(cli_env, tmp_path, slow):
 @pytest.mark.serial
 @pytest.mark.timeout(200)
 def test_run_names_the_rank_that_works_slowest_and_a_clean_job_names_no_one(cli_env, tmp_path):
-    p = _run_straggler_job(cli_env, tmp_path, slow=2)
+    page = tmp_path / "report.html"
+    p = _run_straggler_job(cli_env, tmp_path, slow=2, extra=("--html", str(page)))
     assert p.returncode == 0, p.stderr[-3000:]
     named = [line for line in p.stderr.splitlines() if "is a straggler" in line and "exit 0 in" not in line]
     assert named and all(line.startswith("ddpdoctor run: rank 2 ") for line in named), p.stderr[-3000:]
     assert "1 straggler: rank 2 " in p.stderr.splitlines()[-1]
+    # --html on a healthy run: the page is written, the run directory still removed
+    assert list((tmp_path / "state" / "ddpdoctor" / "runs").iterdir()) == []
+    with open_page(page, tmp_path) as drv:
+        assert "1 straggler: rank 2 " in drv.find_element("id", "headline").text
+        rows = drv.find_elements("css selector", "svg.timeline g.row")
+        assert [r.get_attribute("data-key") for r in rows] == ["0", "1", "2", "3"]
+        for row in rows:  # every rank's steps and DDP's gradient syncs are on its row
+            titles = [t.get_attribute("textContent") for t in row.find_elements("css selector", "rect.bar title")]
+            assert any(t.startswith("step ") for t in titles) and any("ddp_backward_sync" in t for t in titles)
+        assert drv.find_elements("css selector", "g.mark") == []
+        scores = drv.find_element("css selector", "table.scores")
+        low = {r.find_elements("tag name", "td")[0].text: [float(c.text) for c in r.find_elements("tag name", "td")[1:]
+                                                           if c.text] for r in scores.find_elements("tag name", "tr")[1:]}
+        assert min(low["rank 2"]) < 0.8 and len(drv.find_elements("css selector", "svg.chart g.series")) == 4
+        assert console_errors(drv) == []
     clean = _run_straggler_job(cli_env, tmp_path, slow=-1)
     assert clean.returncode == 0, clean.stderr[-3000:]
     assert "straggler" not in clean.stderr, clean.stderr[-3000:]

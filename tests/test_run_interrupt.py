@@ -3,6 +3,7 @@ last thing on screen, after the launcher's own closing traceback (issue 23). Rea
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import psutil
 import pytest
 
 from jobscripts import torchrun
+from traces import check_trace
 
 CMD = [sys.executable, "-m", "ddpdoctor", "run"]
 
@@ -111,6 +113,16 @@ def test_ctrl_c_on_a_hung_job_prints_both_ranks_stacks_last_and_exits_130(cli_en
     saved = (run_dir / "verdict.txt").read_text()
     assert saved.startswith("ddpdoctor run: interrupted by SIGINT") and "barrier" in (run_dir / "stacks.txt").read_text()
     assert_nothing_left(job_pids(run_dir))
+    # the timeline: both ranks marked where the interrupt found them, rank 0 inside its barrier (which
+    # ended, with an error, when the job was stopped; or never, when the rank was killed first)
+    trace = json.loads((run_dir / "trace.json").read_text())
+    ranks = check_trace(trace)
+    marks = {ranks[e["pid"]]: e for e in trace["traceEvents"] if e["ph"] == "i"}
+    assert f"barrier, called from <module> ({script}:{line_of(HUNG, 'barrier')})" in marks[0]["args"]["what"], marks
+    assert marks[1]["args"]["what"].startswith("rank 1 interrupted at <module>"), marks
+    calls = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert [(ranks[e["pid"]], e["args"]["op"].split()[0], e["args"]["n"]) for e in calls] == [(0, "barrier", 1)], calls
+    assert calls[0]["ts"] < marks[0]["ts"] <= calls[0]["ts"] + calls[0]["dur"] + 1, (calls, marks)
 
 
 HANDLES = r'''

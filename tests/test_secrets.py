@@ -127,6 +127,12 @@ def test_run_verdict_and_run_directory_show_no_secret(cli_env, tmp_path):
     assert ranks == len(SHAPES)
     for path in glob.glob(str(run_dir / "exit-*.json")):
         _json_clean(Path(path).read_text(), os.path.basename(path))
+    # the pictures: the page quotes the command line (with its secrets) and every rank's exception
+    page = (run_dir / "report.html").read_text()
+    assert page.count("raised RuntimeError: upload failed") >= len(SHAPES) and REDACTED.replace("<", "&lt;").replace(
+        ">", "&gt;") in page.split("</h1>")[0], page[:2000]
+    _clean(page, "report.html")
+    _json_clean(run_dir / "trace.json", "trace.json")
 
 
 # -- explain: mp.spawn's first failure, the evidence and its notes, --json, --here -----------------

@@ -75,6 +75,9 @@ def test_tutorial_program_without_set_epoch_is_named_and_its_fixed_twin_is_not(c
     v = verdict(run_dir)  # kept, with the verdict, although the job succeeded
     assert v["kind"] == "ok" and v["exit_code"] == 0
     assert [(f["watch"], f["ranks"], f["where"]) for f in v["findings"]] == [("sampler-epoch", [0, 1], loop)]
+    page = (run_dir / "report.html").read_text()  # the finding in the page's table, with its fix
+    findings = page[page.index('<table class="findings">'):]
+    assert "<td class=\"l\">sampler-epoch</td><td class=\"l\">0,1</td>" in findings and "set_epoch(epoch)" in findings
 
     fixed_dir = tmp_path / "fixed"
     fixed_dir.mkdir()

@@ -114,6 +114,7 @@ class RunSpec:
         straggler_window, straggler_windows: the straggler score's window (seconds) and how many
             windows in a row a rank must score low to be named.
         no_watch: the watches for silent bugs to turn off (:data:`ddpdoctor.postmortem.watches.WATCHES`).
+        html: also write ``report.html`` to this path (checked before the job starts: ``--json``'s rules).
     """
 
     command: list
@@ -126,6 +127,7 @@ class RunSpec:
     straggler_window: float = 60.0
     straggler_windows: int = 3
     no_watch: tuple = ()
+    html: Optional[str] = None
     err: IO = field(default_factory=lambda: sys.stderr)
 
 
@@ -270,6 +272,10 @@ class _Watch:
         self.deaths: list = []  # ranks that failed, in the order seen
         self.exits: list = []  # ranks that exited normally
         self.recorder_request = None  # the last Flight Recorder dump request (ddpdoctor.postmortem.recorder)
+        self.marks: dict = {}  # pid -> Mark: where a rank hung or was interrupted (the timeline's red line)
+        self.verdict_at: Optional[float] = None  # when the verdict was made (monotonic): deaths after it are ours
+        self.verdict_doc: Optional[dict] = None  # verdict.json's content, for report.html
+        self.verdict_lines: list = []
 
     def discover(self) -> None:
         for path in glob.glob(os.path.join(glob.escape(self.run_dir), "proc-*.json")):
@@ -554,6 +560,7 @@ def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: st
     from ddpdoctor.postmortem.recorder import lead_lines
     from ddpdoctor.postmortem.stacks import render_groups
 
+    watch.verdict_at = time.monotonic()
     text = _tail(os.path.join(run_dir, RAW_LOG), end=log_end)
     matches = explain_text(text)
     first = first_failure(text)
@@ -596,14 +603,14 @@ def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: st
         lines += ["  " + line for line in explained]
     if watches is not None and watches.findings:
         lines += [f"  silent bug: {line}" for line in watches.summary()]
-    lines.append(f"  saved in {run_dir} ({RAW_LOG}, stacks.txt, verdict.txt, verdict.json)")
+    lines.append(f"  saved in {run_dir} ({RAW_LOG}, stacks.txt, verdict.txt, verdict.json, report.html, trace.json)")
     lines = [safe_text(line) for line in lines]
     unsaved = _save(os.path.join(run_dir, "stacks.txt"), lambda: "".join(
         safe_text(line) + "\n" for r in readings
         for line in [f"--- {r.proc.label} (pid {r.proc.pid}), read with {r.method}: {r.place}",
                      *(r.stack or r.error).rstrip("\n").splitlines()]))
     unsaved += _save(os.path.join(run_dir, "verdict.txt"), lambda: "\n".join(lines) + "\n")
-    unsaved += _save(os.path.join(run_dir, "verdict.json"), lambda: json.dumps(safe_data({
+    doc = watch.verdict_doc = safe_data({
         "schema": 1, "kind": kind, "headline": headline, "exit_code": code, "cause": cause, "first_failure": first,
         "causes": [m.to_dict() for m in matches],
         "stacks": [{"rank": r.proc.rank, "pid": r.proc.pid, "method": r.method, "place": r.place} for r in readings],
@@ -611,9 +618,11 @@ def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: st
                    "state": "alive" if p.alive else (p.death() or "exited with code 0")} for p in watch.ranks()],
         "deaths": [{"rank": p.rank, "pid": p.pid, "how": p.death()} for p in watch.deaths],
         "findings": watches.to_json() if watches is not None else [],
-        "flight_recorder": recorder.to_dict()}), indent=2))
+        "flight_recorder": recorder.to_dict()})
+    unsaved += _save(os.path.join(run_dir, "verdict.json"), lambda: json.dumps(doc, indent=2))
     if unsaved:
         lines.append(f"  not saved: {'; '.join(unsaved)}")
+    watch.verdict_lines = lines
     return lines
 
 
@@ -738,7 +747,9 @@ def run_job(spec: RunSpec) -> int:
                 break
             if watch.procs and idle >= spec.hang_timeout:
                 verdict_kind = "hung"
+                _mark_live(watch, "hung", now, [])
                 readings = _read_live(watch, run_dir, spec.stack_wait)
+                _mark_live(watch, "hung", now, readings)
                 verdict = _verdict(spec, run_dir, watch, "hung",
                                    f"hung: no rank made progress for {spec.hang_timeout:g}s", readings,
                                    int(ExitCode.HUNG), watches=watches)
@@ -767,8 +778,9 @@ def run_job(spec: RunSpec) -> int:
         proc.done()
         rd.seal()
     code = _exit_code(proc.returncode)
+    pictures = _Pictures(spec, rd, watch, stragglers, watches)
     if verdict_kind == "interrupted":
-        return _report_interrupt(spec, rd, watch, tee, code, stopped, watches)
+        return pictures.write("interrupted", _report_interrupt(spec, rd, watch, tee, code, stopped, watches), True)
     if verdict:
         _say(spec, verdict + _unsaved(tee))
     watch.discover()
@@ -778,14 +790,14 @@ def run_job(spec: RunSpec) -> int:
         _say(spec, [f"ddpdoctor run: {line}" for line in late])
     elapsed = time.monotonic() - started
     if verdict_kind == "hung" and not spec.keep_hung:
-        return ExitCode.HUNG
+        return pictures.write("hung", int(ExitCode.HUNG), True)
     if verdict_kind == "failed":
-        return 1
+        return pictures.write("failed", 1, True)
     if verdict_kind is None and (code != 0 or watch.deaths):
         head = f"the job failed (exit {code})" if code != 0 else "the job exited 0, but a rank failed"
         _say(spec, _verdict(spec, run_dir, watch, "failed", head, snapshot, code, watches=watches) + _unsaved(tee))
         rd.seal()
-        return code
+        return pictures.write("failed", code, True)
     if verdict_kind is None and code == 0:
         n = len(watch.ranks())
         who = f"{n} rank{'s' if n != 1 else ''}" if n else "1 process"
@@ -794,10 +806,11 @@ def run_job(spec: RunSpec) -> int:
         slow = stragglers.summary()
         if slow:
             line += f"; {len(slow)} straggler{'s' if len(slow) != 1 else ''}: " + "; ".join(slow)
+        pictures.headline = line[len("ddpdoctor run: "):]
         if watches.findings:  # a silent bug: the directory and its verdict are kept, the exit code stays the job's
             n = len(watches.findings)
             line += (f"; {n} silent bug{'s' if n != 1 else ''} found: " + "; ".join(watches.summary()) +
-                     f"; saved in {run_dir} (verdict.txt, verdict.json)")
+                     f"; saved in {run_dir} (verdict.txt, verdict.json, report.html, trace.json)")
             line = safe_text(line)
             unsaved = _save(os.path.join(run_dir, "verdict.txt"), lambda: line + "\n")
             unsaved += _save(os.path.join(run_dir, "verdict.json"), lambda: json.dumps(safe_data({
@@ -805,15 +818,101 @@ def run_job(spec: RunSpec) -> int:
                 "exit_code": code, "findings": watches.to_json()}), indent=2))
             if unsaved:
                 line += f"; not saved: {'; '.join(unsaved)}"
-            rd.seal()
+            kept = True
         elif kept:
             line += f"; kept {run_dir}"
+        _say(spec, _unsaved(tee) + [line])
+        code = pictures.write("ok", code, kept)
+        if kept:
+            rd.seal()
         else:
             rd.remove()
-        _say(spec, _unsaved(tee) + [line])
         return code
     rd.seal()
-    return code
+    return pictures.write(verdict_kind or "failed", code, True)
+
+
+def _mark_live(watch: _Watch, kind: str, at: float, readings: list) -> None:
+    """Mark every live rank on the timeline: ``kind`` (hung, interrupted) at ``at``, with where it was."""
+    from ddpdoctor.postmortem.timeline import Mark
+
+    places = {r.proc.pid: r.place for r in readings if getattr(r, "stack", None)}
+    for p in watch.live_ranks():
+        watch.marks[p.pid] = Mark(kind, at, f"{p.label} {kind}" + (f" at {places[p.pid]}" if p.pid in places else ""))
+
+
+class _Pictures:
+    """``report.html`` and ``trace.json`` of a run: written into the run directory when it is kept, the page
+    also to ``--html``; a file that cannot be written is named in one line, never a traceback."""
+
+    def __init__(self, spec: RunSpec, rd: RunDir, watch: _Watch, stragglers: StragglerWatch, watches: Watches):
+        self.spec, self.rd, self.watch, self.stragglers, self.watches = spec, rd, watch, stragglers, watches
+        self.headline = ""
+
+    def _rows(self, limit: int) -> list:
+        from ddpdoctor.postmortem.timeline import Mark, read_rank
+
+        w = self.watch
+        first = w.first_death()
+        rows = []
+        skew = time.time() - time.monotonic()  # the hook's exit record has the wall clock: when the rank ended
+        for p in w.ranks():
+            mark = w.marks.get(p.pid)
+            if mark is None and p in w.deaths and (w.verdict_at is None or p.ended_at <= w.verdict_at + POLL):
+                t = (p.end or {}).get("t")  # else (a signal): when run saw it gone, up to a poll later
+                at = min(p.ended_at, t - skew) if isinstance(t, (int, float)) else p.ended_at
+                mark = Mark("died" if p is first else "ended", at, f"{p.label} {p.death()}")
+            key = p.rank if p.rank is not None else p.label
+            rows.append(read_rank(self.rd.path, p.pid, key, str(p.info.get("host") or ""),
+                                  end=mark.at if mark else None, limit=limit))
+            rows[-1].mark = mark
+        return rows
+
+    def write(self, kind: str, code: int, kept: bool) -> int:
+        """Write the pictures; ``code``, or 74 when ``--html`` could not be written and ``code`` was 0."""
+        from ddpdoctor.report.page import save_page
+
+        if not kept and not self.spec.html:
+            return code
+        unsaved = []
+        try:
+            from ddpdoctor.postmortem.runpage import PAGE_LIMIT, RunPicture, render_run_page
+            from ddpdoctor.postmortem.timeline import write_trace
+
+            rows = self._rows(PAGE_LIMIT * 2)
+            trace = os.path.join(self.rd.path, "trace.json")
+            if kept:
+                try:
+                    write_trace(trace, rows)
+                except OSError as exc:
+                    unsaved.append(f"trace.json ({exc.strerror or exc})")
+            doc = self.watch.verdict_doc
+            headline = (doc or {}).get("headline") or self.headline or kind
+            here = os.path.abspath(self.spec.html) if self.spec.html else os.path.join(self.rd.path, "report.html")
+            link = "" if not kept or unsaved else (
+                "trace.json" if os.path.dirname(here) == self.rd.path else "file://" + trace)
+            picture = RunPicture(kind, headline, self.spec.command, self.rd.path if kept else "", code, doc,
+                                 self.watch.verdict_lines, rows, self.stragglers.history, self.stragglers.summary(),
+                                 self.watches.to_json(), link,
+                                 first=self.watch.first_death().label if self.watch.first_death() else "")
+            html_text = render_run_page(picture)
+        except Exception as exc:  # noqa: BLE001 - the verdict is out already: a picture that fails is one line
+            _say(self.spec, [f"ddpdoctor run: report.html not written: {type(exc).__name__}: {exc}"])
+            return code
+        if kept:
+            unsaved += _save(os.path.join(self.rd.path, "report.html"), lambda: html_text)
+        if self.spec.html:
+            try:
+                save_page(self.spec.html, html_text)
+            except OSError as exc:
+                _say(self.spec, [f"error[html-write]: cannot write {safe_text(self.spec.html)}: {exc.strerror or exc}; "
+                                 "the report above is complete; free space there or choose another --html path"])
+                code = int(ExitCode.OUTPUT_FAILED) if code == 0 else code
+        if unsaved:
+            _say(self.spec, [f"ddpdoctor run: not saved: {'; '.join(unsaved)}"])
+        if kept:
+            self.rd.seal()
+        return code
 
 
 def _quiet_line(idle: float, hang_timeout: float, pid: int) -> str:
@@ -844,7 +943,9 @@ def _interrupt(spec: RunSpec, proc: Launched, run_id: str, watch: _Watch, run_di
                 f"(again to stop it at once)"])
     log_end = tee.bytes
     watch.discover()
+    at = time.monotonic()
     readings = _read_live(watch, run_dir, spec.stack_wait) if len(forwarded) < 2 else []
+    _mark_live(watch, "interrupted", at, readings)
     try:
         os.killpg(proc.pid, sig)
     except OSError:

@@ -35,14 +35,14 @@ __all__ = ["RunDir", "prepare_run_dir", "default_runs_root", "write_private", "i
 MARKER = ".ddpdoctor-run"
 INJECT = ".inject"
 OWN_PATTERNS = (MARKER + ".*.tmp", "proc-*.json", "beat-*", "coll-*.txt", "stacks-*.txt", "exit-*.json", ".proc-*", ".exit-*",
-                "output.raw.log", "stacks.txt", "verdict.txt", "verdict.json", "flight-recorder-rank*",
+                "output.raw.log", "stacks.txt", "verdict.txt", "verdict.json", "report.html", "trace.json", "flight-recorder-rank*",
                 "finding-*.json", ".finding-*", "desync-*", ".desync-*", "bn-[0-9]*-*.json", ".bn-[0-9]*", "plan-*.json", ".plan-*",
                 ".flight-recorder-rank*", "frdump-*.json", ".frdump-*", "fr-request", ".fr-request.*",
                 "solo-*", ".solo-*", "count-*.json", ".count-*",
                 "frprog-*.json", ".frprog-*", "torch-dump-rank*")
 # what .inject/ holds from ddpdoctor/postmortem/inject/ (inject_files() adds the library's fingerprint)
 HOOK_FILES = ("sitecustomize.py", "_ddpdoctor_recorder.py", "_ddpdoctor_watches.py")
-FIXED_NAMES = (INJECT, "output.raw.log", "stacks.txt", "verdict.txt", "verdict.json")  # what every run may write
+FIXED_NAMES = (INJECT, "output.raw.log", "stacks.txt", "verdict.txt", "verdict.json", "report.html", "trace.json")  # what every run may write
 
 
 def default_runs_root() -> str:

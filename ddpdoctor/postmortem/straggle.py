@@ -11,11 +11,12 @@ from typing import Optional, Sequence
 
 from ddpdoctor.locate.straggler import Event, StragglerTracker
 
-__all__ = ["StragglerWatch", "RESAY"]
+__all__ = ["StragglerWatch", "RESAY", "HISTORY"]
 
 RESAY = 0.05
 """A named straggler is named again only when its score moved by this much since (or when it crosses the
 threshold again after recovering): a slow rank stays slow for hours, and one line per window buried the job."""
+HISTORY = 500  # windows of scores kept for the report
 
 
 class StragglerWatch:
@@ -29,6 +30,7 @@ class StragglerWatch:
         self.next_at: Optional[float] = None
         self.flagged: dict = {}  # rank -> the latest flag
         self.said: dict = {}  # rank -> the score it was last named with, while it stays under the threshold
+        self.history: list = []  # (when the window closed, monotonic; {rank: score}), the last HISTORY windows
 
     def poll(self, now: float, ranks: Sequence) -> list:
         """Lines to print when a window closed (``ranks``: objects with ``pid``, ``rank``, ``info``)."""
@@ -58,6 +60,9 @@ class StragglerWatch:
                 continue  # named already, and its score has not moved: every window would repeat it
             self.said[rank] = flag.score
             lines.append(self.tracker.describe(flag, hosts))
+        scores = self.tracker.history[-1] if self.tracker.history else {}
+        self.history.append((now, {r: round(v[0], 3) for r, v in scores.items()}))
+        del self.history[:-HISTORY]
         return lines
 
     def summary(self) -> list:
@@ -76,9 +81,10 @@ class StragglerWatch:
         self.offsets[pid] = self.offsets.get(pid, 0) + cut
         out = []
         for line in data[:cut].splitlines():
-            try:
-                start, end = (float(x) for x in line.split())
-            except ValueError:
+            parts = line.split()
+            try:  # "start end op bytes n" (a step's line, "step start n", is no collective)
+                start, end = float(parts[0]), float(parts[1])
+            except (ValueError, IndexError):
                 continue
             out.append(Event(start, end))
         return out

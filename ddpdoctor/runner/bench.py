@@ -47,7 +47,8 @@ def format_size(n: int) -> str:
 
 def run_bench(*, nproc: Optional[int], backend: Optional[str], master_addr: str, master_port: int,
               min_bytes: str, max_bytes: str, ops: Sequence[str], dtype: str, iters: int, warmup: int,
-              timeout: float, json_path: Optional[str], mode: str, verbose: bool) -> int:
+              timeout: float, json_path: Optional[str], mode: str, verbose: bool,
+              html_path: Optional[str] = None) -> int:
     """Run the sweep, print the table on the reporting rank, write ``json_path``; the exit code.
 
     Raises:
@@ -67,6 +68,8 @@ def run_bench(*, nproc: Optional[int], backend: Optional[str], master_addr: str,
     lo, hi = parse_bytes(min_bytes, "--min-bytes"), parse_bytes(max_bytes, "--max-bytes")
     if json_path:
         check_json_target(json_path)
+    if html_path:
+        check_json_target(html_path, "--html")
     if lo > hi:
         raise UsageError("bad-size", f"--min-bytes {format_size(lo)} is larger than --max-bytes {format_size(hi)}",
                          "make --min-bytes the smaller one")
@@ -108,6 +111,13 @@ def run_bench(*, nproc: Optional[int], backend: Optional[str], master_addr: str,
         doc = {"schema": 1, "settings": settings, "world": report.world.to_dict(), "status": report.status.label,
                "exit_code": int(outcome.exit_code), "rows": rows, "report": report.to_dict()}
         code = save_json(json_path, doc, code)
+    if html_path:  # before the footer too: a page that could not be written is its exit code
+        from ddpdoctor.diagnostics.collective_plan import render_table
+        from ddpdoctor.report.page import write_page
+        from ddpdoctor.report.pictures import bench_page
+
+        code = write_page(html_path, bench_page(rows, [header(report.world), table.settings], render_table(rows),
+                                                f"{result.status.label}: {result.summary}"), code)
     lines.append(footer(report, False, code, command_seconds()))
     out.write("\n".join(lines) + "\n")
     out.flush()

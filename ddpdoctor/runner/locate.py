@@ -18,7 +18,7 @@ __all__ = ["run_locate"]
 
 def run_locate(*, nproc: Optional[int], backend: Optional[str], master_addr: str, master_port: int, size: int,
                iters: int, round_timeout: Optional[float], min_busbw: Optional[float], tolerance: float, timeout: float,
-               json_path: Optional[str], mode: str, verbose: bool) -> int:
+               json_path: Optional[str], mode: str, verbose: bool, html_path: Optional[str] = None) -> int:
     """Run the plan, print the verdict on the reporting rank, write ``json_path``; the exit code.
 
     The exit code is ``check``'s: 1 when a node is silent or below ``--min-busbw`` (the job would fail),
@@ -42,7 +42,20 @@ def run_locate(*, nproc: Optional[int], backend: Optional[str], master_addr: str
     code = outcome.exit_code
     if json_path:  # before the footer, which says the command's real exit code (74: the JSON not written)
         code = save_json(json_path, report.to_dict(), code)
+    located = next((r for r in report.results if r.name == "locate"), None)
+    lead = next((o for o in located.outcomes if o.data.get("verdict")), None) if located else None
+    html_note = ""
+    if html_path and lead is not None:
+        from ddpdoctor.report.page import write_page
+        from ddpdoctor.report.pictures import locate_page
+
+        code = write_page(html_path, locate_page(lead.data, f"{located.status.label}: {located.summary}",
+                                                 located.hint or "", tolerance), code)
+    elif html_path:
+        html_note = f"ddpdoctor locate: --html not written: {located.summary if located else 'locate did not run'}\n"
     lines.append(footer(report, False, code, command_seconds()))
     sys.stdout.write("\n".join(lines) + "\n")
     sys.stdout.flush()
+    if html_note:
+        sys.stderr.write(html_note)
     return code

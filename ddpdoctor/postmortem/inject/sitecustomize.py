@@ -31,8 +31,13 @@ In each registered process it:
   sync, three Python calls per step (about 10 us). Not a communication hook: a Python one costs a
   cross-thread handoff per bucket (300-450 us of CPU per step, 5-10% of a small model's step on a
   busy machine, benchmarks/bench_straggler.py), and the program keeps ``register_comm_hook`` for
-  itself, before or after its first forward. The heartbeat appends the ``start end`` pairs to
-  ``coll-<pid>.txt``. ``DDPDOCTOR_STRAGGLER=0`` turns all of it off. The same wrappers mark the
+  itself, before or after its first forward. Each call gets the rank's own number (1, 2, ...), its
+  operation (the function's name; ``ddp_backward_sync`` for DDP's backward and gradient sync) and its
+  size (the bytes of the first tensor argument; DDP's: its gradients' bytes); an optimizer step
+  pre-hook records when each step started. The heartbeat appends the lines ``start end op bytes n``,
+  ``step start n`` and, for a call still running at a beat, ``open start op bytes n`` (monotonic
+  seconds) to ``coll-<pid>.txt``, read by the straggler watch and by
+  the run's timeline (``trace.json``, ``report.html``). ``DDPDOCTOR_STRAGGLER=0`` turns all of it off. The same wrappers mark the
   collective the main thread is in (``_ddpdoctor_waiting``: its start and name; DDP's forward and
   backward too) for the ``solo-wait`` watch, which keeps them on without ``DDPDOCTOR_STRAGGLER``;
 * in ranks, starts the watches for silent bugs (:mod:`_ddpdoctor_watches`, copied next to this file;
@@ -168,8 +173,10 @@ def _ddpdoctor_loaded(name):
 _ddpdoctor_waiting = [None]  # (monotonic start, what): the collective the main thread is in (solo-wait)
 
 
-def _ddpdoctor_time_collectives(events):
-    """Wrap torch.distributed's blocking collectives and DDP's all-reduce; True once done."""
+def _ddpdoctor_time_collectives(events, inflight):
+    """Wrap torch.distributed's blocking collectives and DDP's all-reduce; True once done. ``inflight[0]``:
+    the call in progress (start, op, bytes, n), None between calls: the heartbeat writes it once, so a
+    collective that never completes (a hang) is on the timeline too."""
     import threading
     import time
 
@@ -181,24 +188,37 @@ def _ddpdoctor_time_collectives(events):
     if c10d is None or package is None:
         return False
     clock = time.monotonic
+    count = [0]  # this rank's timed calls so far: the number each one gets
+
+    def nbytes(x):
+        # the bytes of a tensor, or of a list of tensors (all_gather's output): numel and element_size only
+        try:
+            if isinstance(x, (list, tuple)):
+                return sum(t.numel() * t.element_size() for t in x)
+            return x.numel() * x.element_size()
+        except Exception:  # noqa: BLE001 - not a tensor (barrier, an object collective): no size
+            return 0
 
     def wrap(real):
+        op = getattr(real, "__name__", "collective")
+
         def timed(*args, **kwargs):
             if kwargs.get("async_op"):
                 return real(*args, **kwargs)  # completes later, at wait(): not timed
-            t0 = clock()
+            count[0] += 1
+            call = inflight[0] = (clock(), op, nbytes(args[0]) if args else 0, count[0])
             mine = ident() == main
             if mine:
-                held, waiting[0] = waiting[0], (t0, name)
+                held, waiting[0] = waiting[0], (call[0], op)
             try:
                 return real(*args, **kwargs)
             finally:
                 if mine:
                     waiting[0] = held
-                events.append((t0, clock()))
-        name = getattr(real, "__name__", "collective")
+                inflight[0] = None
+                events.append((call[0], clock(), *call[1:]))
         timed.__wrapped__ = real
-        timed.__name__ = name
+        timed.__name__ = op
         timed.__doc__ = getattr(real, "__doc__", None)
         timed._ddpdoctor_timed = True
         return timed
@@ -221,20 +241,23 @@ def _ddpdoctor_time_collectives(events):
     queue = torch.autograd.Variable._execution_engine.queue_callback
     compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
     real_forward = ddp.forward
+    grads = [0]  # bytes of the last hooked model's gradients: what DDP's all-reduce moves per step
 
     def backward_started(grad):
         # The gradient of the model's last parameter (the first that backward reaches): the backward has
         # started. DDP's reducer queues its own end-of-backward callback (which waits for the last
         # buckets' all-reduce) when its last bucket is ready, later in this backward; callbacks run in
         # order, and one queued while they run goes last: so the second of ours runs after DDP's wait.
-        t0 = clock()
-        waiting[0] = (t0, "DDP's backward (its gradient all-reduce)")
+        count[0] += 1
+        call = inflight[0] = (clock(), "ddp_backward_sync", grads[0], count[0])
+        waiting[0] = (call[0], "DDP's backward (its gradient all-reduce)")
 
-        def ended():
+        def done():
             waiting[0] = None
-            events.append((t0, clock()))
+            inflight[0] = None
+            events.append((call[0], clock(), *call[1:]))
 
-        queue(lambda: queue(ended))
+        queue(lambda: queue(done))
 
     def forward(self, *args, **kwargs):
         if "_ddpdoctor_hooked" not in self.__dict__:
@@ -244,6 +267,7 @@ def _ddpdoctor_time_collectives(events):
                     self.__dict__["_ddpdoctor_hooked"] = True
                     params = [p for p in self.module.parameters() if p.requires_grad]
                     if params:  # once per model: a hook on a parameter stays (one per step: 3x the cost)
+                        grads[0] = sum(nbytes(p) for p in params)
                         params[-1].register_hook(backward_started)
             except Exception:  # noqa: BLE001 - never break the job
                 pass
@@ -256,6 +280,29 @@ def _ddpdoctor_time_collectives(events):
     forward._ddpdoctor_timed = True
     forward.__wrapped__ = real_forward
     ddp.forward = forward
+    return True
+
+
+def _ddpdoctor_time_steps(events):
+    """A global optimizer step pre-hook that records when each step starts (one clock read and an append):
+    the timeline's steps. True once installed (``torch.optim.optimizer`` fully imported), or when it
+    never can be (a torch without global step hooks)."""
+    import time
+
+    optimizer = _ddpdoctor_loaded("torch.optim.optimizer")
+    if optimizer is None:
+        return False
+    clock = time.monotonic
+    steps = [0]
+
+    def step_started(*_args):
+        steps[0] += 1
+        events.append(("step", clock(), steps[0]))
+
+    try:
+        optimizer.register_optimizer_step_pre_hook(step_started)
+    except Exception:  # noqa: BLE001 - no global step hooks: no steps on the timeline
+        pass
     return True
 
 
@@ -420,18 +467,29 @@ def _ddpdoctor_install(role):
     marking = role in ("rank", "spawn") and os.environ.get("DDPDOCTOR_WATCH_SOLO_WAIT", "1") != "0"
     events = collections.deque(maxlen=None if timing else 0)  # without timings, only solo-wait's marks
     coll_path = os.path.join(run_dir, f"coll-{pid}.txt")
-    patched = [False]
+    patched = [False, False]  # the collectives wrapped, the step hook installed
+    inflight = [None]  # the collective in progress (see _ddpdoctor_time_collectives)
+    opened = [0]  # the number of the last one written as "open"
 
     def flush_timings():
         if not (timing or marking):
             return
         if not patched[0]:
-            patched[0] = _ddpdoctor_time_collectives(events)
-        if timing and events:
+            patched[0] = _ddpdoctor_time_collectives(events, inflight)
+        if timing and not patched[1]:
+            patched[1] = _ddpdoctor_time_steps(events)
+        call = inflight[0] if timing else None
+        if timing and (events or (call is not None and call[3] != opened[0])):
             lines = []
             while events:
-                t0, t1 = events.popleft()
-                lines.append(f"{t0:.6f} {t1:.6f}\n")
+                e = events.popleft()
+                if e[0] == "step":
+                    lines.append(f"step {e[1]:.6f} {e[2]}\n")
+                else:
+                    lines.append(f"{e[0]:.6f} {e[1]:.6f} {e[2]} {e[3]} {e[4]}\n")
+            if call is not None and call[3] != opened[0] and inflight[0] is call:  # still running: a beat's worth in
+                opened[0] = call[3]
+                lines.append(f"open {call[0]:.6f} {call[1]} {call[2]} {call[3]}\n")
             fd = os.open(coll_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
             try:
                 os.write(fd, "".join(lines).encode())
@@ -496,6 +554,10 @@ def _ddpdoctor_install(role):
         if "exit" in _ddpdoctor_state or os.getpid() != pid:
             return
         _ddpdoctor_state["exit"] = True
+        try:  # the timings since the last beat: a rank that raises keeps its last collectives on the timeline
+            flush_timings()
+        except Exception:  # noqa: BLE001
+            pass
         try:
             import time
 
