@@ -22,7 +22,7 @@ def train() -> None:
     for step in range(3):
         batch = read_batch(rank, step)
         dist.all_reduce(batch)
-        print(f"rank {rank}: step {step} done", flush=True)
+        print(f"rank {rank}: step {step} done\n", end="", flush=True)  # one write: lines never interleave
     dist.destroy_process_group()
 
 

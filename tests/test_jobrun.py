@@ -40,6 +40,7 @@ def assert_nothing_left(run_dir):
     assert not alive, f"ranks left running: {alive}"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_hang_names_the_rank_and_line_and_exits_124(cli_env, tmp_path):
     p, run_dir, name = ddprun(tmp_path, cli_env, "hang")
