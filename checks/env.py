@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import platform
 import shutil
@@ -16,7 +17,7 @@ from ddpdoctor.result import Outcome, Status, count, merge_outcomes, rank_label
 from ddpdoctor.system import envvars, nvml
 from ddpdoctor.system.redact import redact_env
 
-__all__ = ["EnvCheck", "collect_environment", "describe_environment", "collect_installation", "describe_installation",
+__all__ = ["EnvCheck", "collect_environment", "addresses_hidden", "describe_environment", "collect_installation", "describe_installation",
            "PACKAGES"]
 
 SMALL_SHM_BYTES = 1 << 30  # Docker's default is 64 MB; NCCL and DataLoader workers need far more.
@@ -57,6 +58,29 @@ def _backends() -> dict[str, bool]:
         "mpi": dist.is_mpi_available(),
         "ucc": bool(getattr(dist, "is_ucc_available", lambda: False)()),
     }
+
+
+def addresses_hidden(facts: Mapping[str, Any]) -> dict[str, Any]:
+    """The facts as they are shown and written (``env --json``, ``check --json``): every interface's and
+    the host name's addresses replaced by their kind (``loopback``, ``link-local``, ``private``,
+    ``public``). Reports get pasted into public trackers; the kind is what a reader needs (a host name
+    that resolves only to loopback, an interface with no address), the address is not."""
+
+    def kind(address: str) -> str:
+        try:
+            ip = ipaddress.ip_address(address.split("%", 1)[0])
+        except ValueError:
+            return "unknown"
+        if ip.is_loopback:
+            return "loopback"
+        if ip.is_link_local:
+            return "link-local"
+        return "private" if ip.is_private else "public"
+
+    shown = dict(facts)
+    shown["interfaces"] = {name: [kind(a) for a in addrs] for name, addrs in facts.get("interfaces", {}).items()}
+    shown["hostname_addresses"] = [kind(a) for a in facts.get("hostname_addresses", ())]
+    return shown
 
 
 def collect_environment(environ: Optional[Mapping[str, str]] = None, local_world_size: int = 1,
@@ -306,7 +330,8 @@ class EnvCheck(Check):
             f"python {v['python']}, torch {v['torch']}, CUDA {_na(v['cuda'])}, NCCL {_na(v['nccl'])}; "
             f"{count(facts['cpus_logical'], 'CPU')}, {facts['memory_total_gib']} GiB, {count(len(facts['gpus']), 'GPU')}"
         )
-        return assess(facts).outcome(ctx.rank, ok, details=describe_environment(facts), data=facts)
+        return assess(facts).outcome(ctx.rank, ok, details=describe_environment(facts),
+                                     data=addresses_hidden(facts))
 
     def merge(self, outcomes: Sequence[Outcome], world: WorldInfo) -> CheckResult:
         merged = merge_outcomes(self.name, outcomes)

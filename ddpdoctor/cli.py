@@ -392,8 +392,8 @@ def env(as_json: bool) -> int:
     import json
 
     from ddpdoctor.training import launcher
-    from ddpdoctor.checks.env import assess, collect_environment, collect_installation, describe_environment, \
-        describe_installation
+    from ddpdoctor.checks.env import addresses_hidden, assess, collect_environment, collect_installation, \
+        describe_environment, describe_installation
     from ddpdoctor.result import Status
 
     _quiet_logs()
@@ -406,7 +406,7 @@ def env(as_json: bool) -> int:
     findings = assess(facts)
     code = ExitCode.CHECK_FAILED if any(status >= Status.FAIL for status, *_ in findings.items) else ExitCode.OK
     if as_json:
-        click.echo(json.dumps(redacted({**facts, **installed}), indent=2))
+        click.echo(json.dumps(redacted({**addresses_hidden(facts), **installed}), indent=2))
         return code
     for line in describe_installation(installed) + describe_environment(facts):
         click.echo(safe_text(line))

@@ -137,6 +137,10 @@ def test_env_names_this_ddpdoctor_the_packages_and_the_interfaces_without_addres
     facts = json.loads(out)
     assert code == 0 and facts["packages"]["numpy"] == "9.8.7" and facts["ddpdoctor"]["path"] == here
     assert set(facts["network"]) == set(stats)
+    addresses = {a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+                 if a.family.name in ("AF_INET", "AF_INET6")}
+    assert addresses and not [a for a in addresses if a in out], "env --json shows an address"
+    assert "loopback" in facts["interfaces"]["lo"]  # the kind of each address stays: what a reader needs
 
 
 def test_env_exits_1_when_it_prints_a_failure(capsys, clean_launcher_env):
