@@ -15,7 +15,8 @@ from ddpdoctor.errors import UsageError
 from ddpdoctor.result import CheckResult, Status
 from ddpdoctor.system.redact import redact_text, safe_data, safe_text
 
-__all__ = ["save_json", "RunReport", "SCHEMA", "write_json_file", "check_json_target", "redacted"]
+__all__ = ["save_json", "RunReport", "SCHEMA", "write_json_file", "write_file_atomically", "check_json_target",
+           "redacted"]
 
 SCHEMA = 1
 
@@ -126,7 +127,18 @@ def check_json_target(path: str, flag: str = "--json") -> None:
 
 
 def write_json_file(path: str, doc: Any) -> None:
-    """Write ``doc`` (redacted) as JSON to ``path`` atomically: a new file beside it, then a rename.
+    """Write ``doc`` (redacted) as JSON to ``path`` atomically (see :func:`write_file_atomically`).
+
+    Raises:
+        UsageError: ``path`` is a link or not a regular file (see :func:`check_json_target`).
+        OSError: the folder cannot be written (disk full, permissions).
+    """
+    write_file_atomically(path, json.dumps(redacted(doc), indent=2) + "\n")
+
+
+def write_file_atomically(path: str, text: str, flag: str = "--json") -> None:
+    """Write ``text`` to ``path`` (``--json``'s or ``--html``'s, named by ``flag``): a new file beside it,
+    then a rename.
 
     An existing regular file is replaced whole (readers never see half a report; its permissions are
     kept); a symbolic link at ``path`` is refused, never written through or replaced.
@@ -137,7 +149,7 @@ def write_json_file(path: str, doc: Any) -> None:
     """
     import tempfile
 
-    check_json_target(path)
+    check_json_target(path, flag)
     folder = os.path.dirname(os.path.abspath(path))
     try:
         mode = os.stat(path).st_mode & 0o7777
@@ -147,12 +159,11 @@ def write_json_file(path: str, doc: Any) -> None:
         mode = 0o666 & ~umask
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(redacted(doc), f, indent=2)
-            f.write("\n")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
         os.chmod(tmp, mode)
         if os.path.islink(path):  # planted while we wrote: refuse rather than replace it
-            raise UsageError("json-path", f"--json {path} became a symbolic link", "remove the link")
+            raise UsageError("json-path", f"{flag} {path} became a symbolic link", "remove the link")
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -8,7 +8,6 @@ markup built here or by :mod:`ddpdoctor.report.svg` is inserted as it is.
 
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
 from ddpdoctor.report.svg import text
@@ -62,33 +61,9 @@ def save_page(path: str, html_text: str, flag: str = "--html") -> None:
         UsageError: ``path`` is a link or not a regular file.
         OSError: the folder cannot be written (disk full, permissions).
     """
-    import tempfile
+    from ddpdoctor.report.document import write_file_atomically
 
-    from ddpdoctor.errors import UsageError
-    from ddpdoctor.report.document import check_json_target
-
-    check_json_target(path, flag)
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        mode = os.stat(path).st_mode & 0o7777
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(html_text)
-        os.chmod(tmp, mode)
-        if os.path.islink(path):
-            raise UsageError("json-path", f"{flag} {text(path)} became a symbolic link", "remove the link")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_file_atomically(path, html_text, flag)
 
 
 def write_page(path: str, html_text: str, code: int) -> int:
