@@ -15,11 +15,10 @@ in units of the channel's standard deviation) and ``|var_a - var_b| / max(var_a,
 
 from __future__ import annotations
 
-import glob
-import json
 import math
-import os
 from typing import Callable
+
+from ddpdoctor.postmortem.rundir import take_records
 
 __all__ = ["BnDrift", "THRESHOLD", "layer_drift"]
 
@@ -67,13 +66,7 @@ class BnDrift:
     def read(self, ranks: dict, now: float, end: bool, rank_of: Callable, add: Callable) -> None:
         """Read new records; compare every moment all ``ranks`` (pid -> run's record) wrote; findings go
         to ``add(watch, key, what, fix, where, rank, now, when)``."""
-        for path in glob.glob(os.path.join(glob.escape(self.run_dir), "bn-[0-9]*-*.json")):
-            try:
-                with open(path) as f:
-                    record = json.load(f)
-                os.unlink(path)
-            except (OSError, ValueError):
-                continue
+        for record in take_records(self.run_dir, "bn-[0-9]*-*.json"):
             pid = int(record.get("pid", 0))
             record["rank"] = rank_of(ranks, pid, record)
             key = (record.get("kind", ""), int(record.get("step", 0)), str(record.get("owner", "")))

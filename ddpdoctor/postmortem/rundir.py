@@ -20,6 +20,7 @@ listed, so never removed.
 from __future__ import annotations
 
 import fnmatch
+import glob
 import json
 import os
 import shutil
@@ -30,7 +31,7 @@ from typing import Optional
 from ddpdoctor.system.redact import escape_controls
 
 __all__ = ["RunDir", "prepare_run_dir", "default_runs_root", "write_private", "inject_files", "remove_recorded",
-           "MARKER", "OWN_PATTERNS", "HOOK_FILES"]
+           "MARKER", "OWN_PATTERNS", "HOOK_FILES", "take_records"]
 
 MARKER = ".ddpdoctor-run"
 INJECT = ".inject"
@@ -43,6 +44,23 @@ OWN_PATTERNS = (MARKER + ".*.tmp", "proc-*.json", "beat-*", "coll-*.txt", "stack
 # what .inject/ holds from ddpdoctor/postmortem/inject/ (inject_files() adds the library's fingerprint)
 HOOK_FILES = ("sitecustomize.py", "_ddpdoctor_recorder.py", "_ddpdoctor_watches.py")
 FIXED_NAMES = (INJECT, "output.raw.log", "stacks.txt", "verdict.txt", "verdict.json", "report.html", "trace.json")  # what every run may write
+
+
+def take_records(run_dir: str, pattern: str) -> list:
+    """The JSON records the ranks left in ``run_dir`` under ``pattern`` (``desync-[0-9]*-*.json``), each
+    removed once read: a record is read once. One being written (not yet renamed into place) or
+    unreadable is left for the next look."""
+    records = []
+    for path in glob.glob(os.path.join(glob.escape(run_dir), pattern)):
+        try:
+            with open(path) as f:
+                record = json.load(f)
+            os.unlink(path)
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
 
 
 def default_runs_root() -> str:

@@ -35,6 +35,7 @@ from typing import Optional
 
 from ddpdoctor.postmortem.solowait import SoloWait
 from ddpdoctor.postmortem.bndrift import BnDrift
+from ddpdoctor.postmortem.rundir import take_records
 from ddpdoctor.system.stackframes import shown_where
 
 __all__ = ["WATCHES", "Watches", "Finding", "parse_no_watch", "watch_env", "window_from_env"]
@@ -380,13 +381,7 @@ class Watches:
         os.replace(tmp, path)
 
     def _read_records(self, ranks: dict, now: float) -> None:
-        for path in glob.glob(os.path.join(glob.escape(self.run_dir), "desync-[0-9]*-*.json")):
-            try:
-                with open(path) as f:
-                    record = json.load(f)
-                os.unlink(path)
-            except (OSError, ValueError):
-                continue
+        for record in take_records(self.run_dir, "desync-[0-9]*-*.json"):
             pid = int(record.get("pid", 0))
             record["rank"] = self._rank_of(ranks, pid, record)
             if record.get("where"):
