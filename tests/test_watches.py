@@ -322,3 +322,86 @@ def test_evaluation_pass_on_a_persistent_workers_loader_is_not_a_training_pass(t
         shutil.rmtree(short, ignore_errors=True)
     assert p.returncode == 0, p.stderr[-3000:]
     assert json.loads(p.stdout.splitlines()[-1]) == keys
+
+
+WINDOWS_APART = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[2])  # the injected folder, as run puts it on PYTHONPATH
+import _ddpdoctor_watches
+run_dir, rank, period = sys.argv[1], int(sys.argv[3]), sys.argv[4]
+beat = _ddpdoctor_watches.start(run_dir, {"rank": rank})
+import torch
+if period != "0":  # the period run wrote, read by this rank's beat before the other rank's beat read it
+    with open(os.path.join(run_dir, "desync-period"), "w") as f:
+        f.write(period + "\n")
+beat()
+
+
+def train(model, opt, x):
+    opt.zero_grad()
+    model(x).square().mean().backward()
+    opt.step()
+
+
+def job():
+    torch.manual_seed(0)
+    first, second = torch.nn.Linear(3, 2), torch.nn.Linear(3, 1)  # never wrapped in DDP
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (first, second)]
+    same, own = torch.Generator().manual_seed(0), torch.Generator().manual_seed(rank)
+    for _ in range(3):  # the first model reads the same data on every rank (stays equal), the second its own
+        for m, opt, x in zip((first, second), opts, (torch.randn(4, 3, generator=same),
+                                                     torch.randn(4, 3, generator=own) + rank)):
+            train(m, opt, x)
+    _ddpdoctor_watches._state.final("the job's end")
+
+
+job()
+"""
+
+
+def test_an_unwrapped_model_is_named_when_one_rank_took_a_window_the_other_did_not(tmp_path):
+    """The rank side in real processes, two ranks of a job with two optimizers: one read the period on its
+    beat in time for a window, the other not (each reads it on its own beat: under load, or in a short job,
+    they differ). Their end fingerprints still name each tensor alike, by its place and by the user's name
+    taken at its optimizer's first step, so run compares them and names the second model, never wrapped in
+    DDP, whose ranks read their own data. Before, rank 0 named the second optimizer's tensors from the
+    window's frame and rank 1 by position: they were in no comparison and the desync went unnamed."""
+    import os
+
+    import ddpdoctor.postmortem.rundir as rundir
+    from ddpdoctor.postmortem.watches import Watches
+
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    for source, name in rundir.inject_files():
+        if name != "sitecustomize.py":
+            os.symlink(source, inject / name)
+    script = tmp_path / "windows_apart.py"
+    script.write_text(WINDOWS_APART)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DDPDOCTOR_")}
+    procs = []
+    for rank, period in ((0, "3"), (1, "0")):  # rank 0: windows at steps 3 and 6; rank 1: none
+        (tmp_path / f"r{rank}").mkdir()
+        procs.append(subprocess.Popen([sys.executable, str(script), str(tmp_path / f"r{rank}"), str(inject),
+                                       str(rank), period], stderr=subprocess.PIPE, text=True, env=env))
+    for p in procs:
+        _, err = p.communicate(timeout=100)
+        assert p.returncode == 0, err[-3000:]
+    assert len(list((tmp_path / "r0").glob("desync-*-window-*.json"))) == 2
+    assert not list((tmp_path / "r1").glob("desync-*-window-*.json"))
+    finals = []
+    for rank in (0, 1):
+        [path] = (tmp_path / f"r{rank}").glob("desync-*-final-6.json")
+        finals.append({**json.loads(path.read_text()), "rank": rank})
+    watches = Watches(str(tmp_path), 1.0, {})
+    watches._compare(("final", 6), finals, 0.0)
+    assert [(f.watch, f.ranks) for f in watches.findings] == [("desync", [0, 1])], [t[0] for t in finals[1]["tensors"]]
+    assert watches.findings[0].what.startswith(
+        "2 parameter tensors differ across ranks (ranks 0, 1 all hold different values), first seen at the end "
+        "(after 6 optimizer steps): model.weight (optimizer 1 parameter 0), model.bias (optimizer 1 parameter 1); "
+        "likely reason: the model is never wrapped in DistributedDataParallel"), watches.findings[0].what
+    shown = [[tuple(t[:1] + t[3:]) for t in f["tensors"]] for f in finals]  # (name, place): alike on both ranks
+    assert shown[0] == shown[1] == [("model.weight", "optimizer 0 parameter 0"),
+                                    ("model.bias", "optimizer 0 parameter 1"),
+                                    ("model.weight", "optimizer 1 parameter 0"),
+                                    ("model.bias", "optimizer 1 parameter 1")], shown

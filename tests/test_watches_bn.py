@@ -63,7 +63,14 @@ def test_batchnorm_drift_is_named_per_cause_with_ranks_line_size_and_fixes(cli_e
         size = float(re.search(r"\.1 by ([0-9.]+)% \(rank", line).group(1))
         assert size > 1.0, line
     assert "clean.module" not in p.stderr  # the clean model beside them: silent
-    assert "[bn-drift]" in summary(p.stderr)  # in the final summary too (desync also names the unwrapped model)
+    assert "[bn-drift]" in summary(p.stderr) and "[desync]" in summary(p.stderr)  # in the final summary too
+    # desync names the unwrapped model too (its ranks read their own data), by the names of its first step: never
+    # left out because the ranks took different windows (each reads the period on its own beat), nor by position
+    [desync] = found(p.stderr, "desync")
+    assert desync.startswith("ddpdoctor run: [desync] ranks 0, 1, 2: "), desync
+    assert ": model.0.weight, model.1.weight, " in desync and "optimizer 1 parameter" not in desync, desync
+    assert ("are stepped by an optimizer but in no DistributedDataParallel model: nothing averages its gradients "
+            f"({at('train', 'bn_step')})") in desync, desync
     v = verdict(run_dir)
     bn = [f for f in v["findings"] if f["watch"] == "bn-drift"]
     assert sorted(f["where"] for f in bn) == sorted([at("worker", "bn_syncoff"), at("train", "bn_train"),

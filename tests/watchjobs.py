@@ -339,7 +339,7 @@ def train(model, opt, x):
     opt.zero_grad()
     loss = model(x).square().mean()  # MARK:bn_train
     loss.backward()
-    opt.step()
+    opt.step()  # MARK:bn_step
     return loss.detach()
 
 

@@ -16,8 +16,9 @@ a rank that is late or gone only makes a window be skipped.
   ``window`` (``desync-period``, written once the rate is known, again only when it changed more than
   twofold); each rank fingerprints its parameters at the start of every step whose count is a
   multiple of it (``desync-<pid>-window-<step>.json``). Also at the first step (``start``) and at the end
-  (``final``). The records of one step from every rank are compared here; the first difference is
-  the finding, with the tensors, the ranks, when it was first seen and the likely reason.
+  (``final``). The records of one step from every rank are compared here, a tensor by its place
+  (``optimizer <k> parameter <i>``), never by its name, which a rank took from its own frames; the
+  first difference is the finding, with the tensors, the ranks, when it was first seen and the likely reason.
 * ``solo-wait``: ranks that waited in one collective for half of the process group's timeout while
   another rank worked alone, named at once (before the timeout ends the job): :mod:`ddpdoctor.postmortem.solowait`.
 * ``bn-drift``: BatchNorm running statistics compared where the ranks' drift survives, at evaluation
@@ -408,13 +409,21 @@ class Watches:
 
     def _compare(self, key: tuple, records: list, now: float) -> None:
         kind, step = key
-        values: dict = {}
+        values: dict = {}  # a tensor's place (the same on every rank) -> {rank: its fingerprint}
         flags: dict = {}
+        names: dict = {}  # place -> the name shown: the first rank's
         for rec in records:
-            for name, value, flag in rec.get("tensors", []):
-                values.setdefault(name, {})[rec["rank"]] = value
-                flags.setdefault(name, set()).add(flag)
+            for entry in rec.get("tensors", []):
+                name, value, flag = entry[:3]
+                place = entry[3] if len(entry) > 3 else name
+                values.setdefault(place, {})[rec["rank"]] = value
+                flags.setdefault(place, set()).add(flag)
+                names.setdefault(place, name)
         diff = [n for n, by_rank in values.items() if len(by_rank) == len(records) and len(set(by_rank.values())) > 1]
+        taken = [names[n] for n in values]
+        for n in values:  # two tensors of one name (``model`` in the training function, for two models): told apart
+            if taken.count(names[n]) > 1 and names[n] != n:
+                names[n] = f"{names[n]} ({n})"
         if kind == "start":
             self.start_diff = set(diff)
         if not diff or self.desync_found:
@@ -432,8 +441,8 @@ class Watches:
         when = {"start": "at the first optimizer step",
                 "final": f"at the end (after {step} optimizer steps)"}.get(kind, f"at optimizer step {step} "
                                                                             f"({now - self.started:.0f} s in)")
-        shown = ", ".join(diff[:4]) + (f" and {len(diff) - 4} more" if len(diff) > 4 else "")
-        reason, fix, where = self._reason(diff, flags, records)
+        shown = ", ".join(names[n] for n in diff[:4]) + (f" and {len(diff) - 4} more" if len(diff) > 4 else "")
+        reason, fix, where = self._reason(diff, flags, records, names)
         what = (f"{len(diff)} parameter tensor{'s' if len(diff) != 1 else ''} differ across ranks ({who}), first "
                 f"seen {when}: {shown}; likely reason: {reason}")
         rank_list = sorted({r for rec in records for r in [rec["rank"]]}, key=str)
@@ -441,15 +450,16 @@ class Watches:
         for r in rank_list[1:]:
             f.ranks.append(r)
 
-    def _reason(self, diff: list, flags: dict, records: list) -> tuple:
-        """(likely reason, fix, the user's line) from what the hooks saw."""
+    def _reason(self, diff: list, flags: dict, records: list, shown_as: dict) -> tuple:
+        """(likely reason, fix, the user's line) from what the hooks saw. ``diff``: the tensors' places;
+        ``shown_as``: place -> the name shown."""
         step_where = next((rec.get("where") for rec in records if rec.get("where")), "") or \
             next(iter(self.where_of.values()), "")
         ddp_where = next((w for rec in records for w in rec.get("ddp", []) if w), "")
         no_ddp = all(not rec.get("ddp") for rec in records)
         seeded = bool(self.start_diff & set(diff))
         if any("attached" in flags.get(n, ()) for n in diff):
-            names = [n for n in diff if "attached" in flags.get(n, ())]
+            names = [shown_as[n] for n in diff if "attached" in flags.get(n, ())]
             return (f"{', '.join(names[:3])} {'was' if len(names) == 1 else 'were'} attached to the model after "
                     f"DistributedDataParallel was built (at {ddp_where}): DDP broadcasts and averages only the "
                     f"parameters it saw when it was built",
@@ -463,7 +473,7 @@ class Watches:
                     "broadcasts rank 0's parameters and averages the gradients), or all-reduce the gradients "
                     "yourself and seed every rank alike", step_where)
         if any("ddp" not in flags.get(n, ()) for n in diff):
-            names = [n for n in diff if "ddp" not in flags.get(n, ())]
+            names = [shown_as[n] for n in diff if "ddp" not in flags.get(n, ())]
             return (f"{', '.join(names[:3])} {'is' if len(names) == 1 else 'are'} stepped by an optimizer but "
                     "in no DistributedDataParallel model: nothing averages its gradients" +
                     (" and the ranks were seeded differently" if seeded else ""),

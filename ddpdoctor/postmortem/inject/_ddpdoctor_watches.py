@@ -30,8 +30,10 @@ ranks and reports; nothing here talks to another rank, and nothing here is a col
   changed; the same multiples on every rank, with no round trip per window), the parameters of every optimizer that stepped and of every DDP
   model are fingerprinted with the library's fingerprint (``_ddpdoctor_fingerprint``, a copy of
   :mod:`ddpdoctor.diagnostics.fingerprint`) and written as ``desync-<pid>-<kind>-<step>.json`` with
-  what the hook saw: which tensors DDP synchronizes (the parameters it had when built), which were
-  attached to a DDP model after it was built, ``init_sync``, the user's line. Once more at the end
+  what the hook saw (each tensor with its name, taken at its optimizer's first step, and its place,
+  ``optimizer <k> parameter <i>`` or ``ddp <j> <name>``: the same on every rank, whatever the name):
+  which tensors DDP synchronizes (the parameters it had when built), which were attached to a DDP
+  model after it was built, ``init_sync``, the user's line. Once more at the end
   (``destroy_process_group``, the first optimizer freed, or the interpreter's exit).
   ``desync-steps-<pid>`` holds the step count, rewritten by the heartbeat thread when it changed.
 
@@ -422,6 +424,11 @@ class _Rank:
             self.optimizers.append(weakref.ref(optimizer))
             params = [p for g in optimizer.param_groups for p in g["params"]]
             weakref.finalize(optimizer, self._final_of, len(self.optimizers) - 1, params)
+            # named now, at its first step: the same point of the program on every rank. Named at the
+            # first fingerprint that held it instead, a rank that took a window the others had not yet
+            # (each reads the period on its own beat) named it from another frame, or not at all.
+            names = self._param_names(sys._getframe(2))
+            self.names[len(self.optimizers) - 1] = self._known(len(self.optimizers) - 1, params, names)
         if self.steps == 1:
             self.fingerprint("start", sys._getframe(2))
         elif self.period and self.steps % self.period == 0:
@@ -469,6 +476,11 @@ class _Rank:
             frame = frame.f_back
         return names
 
+    @staticmethod
+    def _known(k, params, names):
+        """The names of optimizer ``k``'s parameters: the user's (``names``), else by position."""
+        return [names.get(id(p)) or f"optimizer {k} parameter {i} {tuple(p.shape)}" for i, p in enumerate(params)]
+
     def fingerprint(self, kind, frame, extra=None, why=""):
         """Fingerprint the optimizers' and DDP models' parameters; write the record for ``run``."""
         fpm = __import__("_ddpdoctor_fingerprint")
@@ -495,19 +507,18 @@ class _Rank:
                 continue
             known = self.names.get(k)
             if known is None or len(known) != len(params):
-                known = [names.get(id(p)) or f"optimizer {k} parameter {i} {tuple(p.shape)}" for i, p in enumerate(params)]
-                self.names[k] = known
-            for name, p in zip(known, params):
+                known = self.names[k] = self._known(k, params, names)
+            for i, (name, p) in enumerate(zip(known, params)):
                 if id(p) not in seen:
                     seen.add(id(p))
-                    tensors.append((name, p, id(p)))
+                    tensors.append((name, p, id(p), f"optimizer {k} parameter {i}"))
         for j, m in enumerate(ddps):
             for n, p in m.named_parameters():
                 if id(p) not in seen:
                     seen.add(id(p))
-                    tensors.append((names.get(id(p)) or f"ddp {j} {n}", p, id(p)))
+                    tensors.append((names.get(id(p)) or f"ddp {j} {n}", p, id(p), f"ddp {j} {n}"))
         by_device = {}
-        for i, (_, p, _) in enumerate(tensors):
+        for i, (_, p, _, _) in enumerate(tensors):
             by_device.setdefault(p.device, []).append(i)
         values = [0] * len(tensors)
         with torch.no_grad():
@@ -521,8 +532,8 @@ class _Rank:
             "ddp": [m.__dict__.get("_ddpdoctor_built", {}).get("where", "") for m in ddps],
             "init_sync_off": [m.__dict__.get("_ddpdoctor_built", {}).get("where", "") for m in ddps
                               if not m.__dict__.get("_ddpdoctor_built", {}).get("init_sync", True)],
-            "tensors": [[name, values[i], "ddp" if pid_ in synced else ("attached" if pid_ in attached else "")]
-                        for i, (name, _, pid_) in enumerate(tensors)],
+            "tensors": [[name, values[i], "ddp" if pid_ in synced else ("attached" if pid_ in attached else ""), key]
+                        for i, (name, _, pid_, key) in enumerate(tensors)],
         }
         _write_json(self.run_dir, f"desync-{self.pid}-{kind}-{self.steps}.json", record)
 
