@@ -92,7 +92,8 @@ def _line(name: str, rs: list) -> str:
 
 def table(results: list, heldout: bool) -> list:
     halves = ("dev", "heldout") if heldout else ("dev",)
-    lines = [_line(f"{h} half", [r for r in results if r[0]["half"] == h]) for h in halves]
+    lines = [_line(f"{h} half", [r for r in results if r[0]["half"] == h]) for h in halves
+             if any(r[0]["half"] == h for r in results)]
     groups = defaultdict(list)
     for r in results:
         if r[0]["half"] in halves:
