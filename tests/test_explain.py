@@ -175,7 +175,7 @@ def test_every_cause_is_complete_and_unknown_text_says_so():
 def test_cli_reads_text_log_and_stdin(cli_env):
     p = subprocess.run(CMD + ["explain", RECORDED["duplicate-gpu"]], env=cli_env, capture_output=True,
                        text=True, timeout=60)
-    assert p.returncode == 0 and "- duplicate-gpu: two ranks on the same GPU (rank 1)" in p.stdout
+    assert p.returncode == 0 and "- duplicate-gpu: Duplicate GPU detected: ranks sharing a GPU, one of three causes (rank 1)" in p.stdout
     p = subprocess.run(CMD + ["explain", "--log", os.path.join(DATA, "torchrun-sigkill-2ranks.log")],
                        env=cli_env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and p.stdout.startswith("first failure: rank 1 was killed by SIGKILL")

@@ -97,3 +97,39 @@ def test_evidence_adds_nothing_outside_the_causes_in_play():
     original = [c for c in CAUSES if c.id in ("ddp-unused-parameters", "duplicate-gpu", "nccl-watchdog-timeout")]
     text = "find_unused_parameters=True\n+ torchrun --nproc_per_node=4 x.py\n" + UNUSED + "\n" + DUP + "\n" + WATCHDOG
     assert set(found(text, original)) == {"ddp-unused-parameters", "duplicate-gpu", "nccl-watchdog-timeout"}
+
+
+BUSY = "RuntimeError: CUDA error: all CUDA-capable devices are busy or unavailable"
+
+
+def _order(m):
+    return [cid for cid, _ in m.candidates]
+
+
+def test_a_generic_gpu_message_is_a_family_of_three_not_one_cause():
+    """'busy or unavailable' and 'Duplicate GPU detected' are printed alike by several causes (issue 25's
+    real logs: a driver update, a Ray upgrade and too many processes settled threads that explain had
+    answered with one confident cause): alone, each is named as a family, every candidate with how to tell."""
+    busy, dup = found(BUSY), found(DUP)
+    assert list(busy) == ["cuda-devices-busy"] and list(dup) == ["duplicate-gpu"]
+    assert _order(busy["cuda-devices-busy"]) == ["gpu-exclusive-mode", "cuda-driver-mismatch", "gpu-held-by-other-process"]
+    assert _order(dup["duplicate-gpu"]) == ["duplicate-gpu", "more-ranks-than-gpus", "library-version-mismatch"]
+    assert all(len(how) > 40 for m in (busy["cuda-devices-busy"], dup["duplicate-gpu"]) for _, how in m.candidates)
+
+
+def test_the_logs_evidence_reorders_the_busy_family():
+    m = found("THCudaCheck FAIL error=35 : CUDA driver version is insufficient for CUDA runtime version\n" + BUSY)
+    assert _order(m["cuda-devices-busy"])[0] == "cuda-driver-mismatch" and "driver version" in m["cuda-devices-busy"].meaning
+    m = found("|   0  Tesla V100   Off  | 00000000:65:00.0 Off |   0%   Default   E. Process |\n" + BUSY)
+    assert _order(m["cuda-devices-busy"])[0] == "gpu-exclusive-mode" and "E. Process" in m["cuda-devices-busy"].meaning
+
+
+def test_who_assigned_the_gpus_reorders_the_duplicate_gpu_family():
+    accel = ("09/04/2024 02:49:57 - INFO - __main__ - Distributed environment: MULTI_GPU  Backend: nccl\n"
+             "Num processes: 4\nProcess index: 3\nLocal process index: 3\nDevice: cuda:0\n")
+    assert _order(found(accel + DUP)["duplicate-gpu"])[0] == "more-ranks-than-gpus"
+    ray = "(WorkerDict pid=1391870) Traceback (most recent call last):\n"
+    assert _order(found(ray + DUP)["duplicate-gpu"])[0] == "library-version-mismatch"
+    # the counts decide before the launcher does: enough GPUs for every process leaves the ranks' own choice
+    m = found("+ CUDA_VISIBLE_DEVICES=0,1 accelerate launch --num_processes 2 --nproc_per_node=2 t.py\n" + accel + DUP)
+    assert _order(m["duplicate-gpu"])[0] == "duplicate-gpu" and "enough for one each" in m["duplicate-gpu"].meaning

@@ -152,16 +152,29 @@ CAUSES: tuple = (
           "the from_pretrained call: device_map='auto' with load_in_8bit/4bit under a multi-process launch",
           "load each rank's copy on its own GPU: device_map={'': torch.cuda.current_device()} (accelerate: "
           "{'': accelerator.process_index}); or run one process with device_map='auto' (model parallel, no DDP)"),
-    Cause("gpu-exclusive-mode", "GPUs in exclusive-process mode, and a second process touched one",
+    Cause("cuda-devices-busy", "CUDA devices busy or unavailable: one of three causes",
           (r"CUDA-capable device\(s\) is/are busy or unavailable",
            r"all CUDA-capable devices are busy or unavailable"),
-          "The GPUs are in Exclusive_Process compute mode (common on shared clusters): one process per GPU. "
-          "A second process opened a context on a GPU already taken, usually because the ranks never called "
-          "torch.cuda.set_device(local_rank) and all created their context on GPU 0, or a parent process held it.",
-          "nvidia-smi --query-gpu=compute_mode --format=csv (Exclusive_Process); nvidia-smi while it runs "
-          "(several processes on GPU 0)",
-          "call torch.cuda.set_device(local_rank) first thing in each rank, before any CUDA call (or set "
-          "CUDA_VISIBLE_DEVICES per rank); do not touch CUDA in the parent before spawning"),
+          "CUDA could not create a context on the GPU. The message is the same for several causes: the GPUs "
+          "are in Exclusive_Process compute mode (common on shared clusters) and a second process of this job "
+          "touched one (the ranks never called torch.cuda.set_device(local_rank), so all opened GPU 0, or the "
+          "parent held it); the NVIDIA driver is broken or older than the CUDA the wheel was built with; or "
+          "another job, or a stale process of an earlier run, holds the GPU.",
+          "nvidia-smi --query-gpu=compute_mode --format=csv (Exclusive_Process?); nvidia-smi while it runs "
+          "(which processes hold each GPU); python -c 'import torch; print(torch.version.cuda)' against the "
+          "CUDA version nvidia-smi prints",
+          "the fix of the candidate the checks point at (see the candidates)",
+          candidates=(
+              ("gpu-exclusive-mode", "compute mode Exclusive_Process (nvidia-smi -q | grep -i compute) and this "
+                                     "job's own ranks on one GPU: call torch.cuda.set_device(local_rank) first "
+                                     "thing in each rank, and no CUDA in the parent before spawning"),
+              ("cuda-driver-mismatch", "it fails in a single process too, with nothing else on the GPU, and the "
+                                       "driver's CUDA (nvidia-smi) is older than torch.version.cuda or the driver "
+                                       "was just installed or updated: install the matching driver (or a wheel "
+                                       "for the driver's CUDA), then reboot"),
+              ("gpu-held-by-other-process", "nvidia-smi lists another job's (or an earlier run's stale) process on "
+                                            "the GPU before this job starts: wait for it, stop it, or pick a free "
+                                            "GPU with CUDA_VISIBLE_DEVICES"))),
     Cause("spawn-pickle", "spawn cannot pickle a local function or lambda",
           (r"Can't pickle local object '",
            r"Can't pickle <(?:function|lambda)",
@@ -547,13 +560,26 @@ CAUSES: tuple = (
                                     "it works inside one container): run them with --network=host"),
               ("shm-too-small", "one node in a container: a shm_open/'shared memory segment' WARN or a bus "
                                 "error; df -h /dev/shm; docker run --shm-size=8g or --ipc=host"))),
-    Cause("duplicate-gpu", "two ranks on the same GPU",
+    Cause("duplicate-gpu", "Duplicate GPU detected: ranks sharing a GPU, one of three causes",
           (r"Multiple Ranks are using the same GPU", r"Duplicate GPU detected",),
-          "Two ranks use the same CUDA device: torch.cuda.set_device(local_rank) was not called (every "
-          "rank uses cuda:0), or the global rank was used where the local rank belongs.",
+          "NCCL found two ranks of one communicator on the same CUDA device. The message is the same for "
+          "several causes: the ranks did not pick their own GPU (no torch.cuda.set_device(local_rank), a "
+          "device hard-coded, the global rank used for the local one); the node has fewer GPUs than the "
+          "processes started on it; or the framework that assigns the GPUs (Ray, verl, vLLM, a cluster "
+          "launcher) gave two workers the same one, a bug of some of its releases.",
+          "compare the processes started per node (--nproc-per-node, accelerate's 'Num processes') with "
+          "nvidia-smi -L and CUDA_VISIBLE_DEVICES; print torch.cuda.current_device() in each rank; "
           "ddpdoctor check --only process-group (one GPU per rank)",
-          "call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before init_process_group and pass "
-          "device_ids=[local_rank] to DistributedDataParallel"),
+          "the fix of the candidate the checks point at (see the candidates)",
+          candidates=(
+              ("duplicate-gpu", "the node has a GPU per process but the ranks print the same device: call "
+                                "torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before init_process_group, "
+                                "pass device_ids=[local_rank], remove a hard-coded device"),
+              ("more-ranks-than-gpus", "more processes per node (--nproc-per-node, 'Num processes') than nvidia-smi "
+                                       "-L or CUDA_VISIBLE_DEVICES shows: start one process per GPU"),
+              ("library-version-mismatch", "the GPUs are assigned by a framework (Ray workers, verl, vLLM), not by "
+                                           "your code: a known bug of its release; upgrade it (verl: Ray >= 2.40) "
+                                           "or set the devices per worker yourself"))),
     # -- issue 13 (cause13): a rank asking for a GPU it cannot see ------------------------------
     Cause("invalid-device-ordinal", "more local ranks than visible GPUs",
           (r"CUDA error: invalid device ordinal", r"invalid device ordinal"),

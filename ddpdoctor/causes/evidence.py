@@ -77,6 +77,14 @@ _SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d{1,7})\b")
 _SUMMARY_SIGNAL = re.compile(r"^\s*exitcode\s*:\s*-(\d{1,3})\b")
 _SHM_SIGN = re.compile(r"shm_open|/dev/shm|shared memory segment|Bus error|SIGBUS")
 _DOCKER_SIGN = re.compile(r"\b172\.1[7-9]\.\d{1,3}\.\d{1,3}\b|\bdocker\b|--network|\bveth\w|\bcontainers?\b", re.I)
+# What tells the readings of "busy or unavailable" and "Duplicate GPU detected" apart.
+_DRIVER_SIGN = re.compile(r"CUDA driver version is insufficient|driver on your system is too old|"
+                          r"Driver/library version mismatch|Found no NVIDIA driver|NVIDIA driver.{0,60}?"
+                          r"(?:too old|not (?:installed|loaded)|failed)", re.I)
+_EXCLUSIVE_SIGN = re.compile(r"Exclusive_Process|E\. Process|EXCLUSIVE_PROCESS|exclusive[ -]process", re.I)
+# A framework assigned the GPUs: accelerate's state lines, or Ray's workers (verl, vLLM run on Ray).
+_ACCELERATE_SIGN = re.compile(r"Distributed environment: MULTI_GPU|accelerate launch|/accelerate/")
+_RAY_SIGN = re.compile(r"\bray(?:\.exceptions|::| start|_pkg|/session_)|\bRay(?:Worker|Actor|Task)|\(\w+ pid=\d+\)")
 _BAR = re.compile(r"\d%\|")  # a tqdm bar: "35%|####"
 _TB_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 # ddpdoctor's own errors: the cause and the exception names that stand for it.
@@ -133,6 +141,10 @@ class Evidence:
     docker_sign: str = ""    # a line showing containers (Docker bridge addresses, docker, veth)
     bar_s: int = 0           # the longest elapsed time of a progress bar that had not finished
     bar_line: str = ""
+    driver_sign: str = ""     # the NVIDIA driver is missing, broken or older than the build's CUDA
+    exclusive_sign: str = ""  # the GPUs are in exclusive-process compute mode
+    accelerate_sign: str = ""  # accelerate assigned the devices (its state lines)
+    ray_sign: str = ""        # Ray workers assigned the devices
 
 
 def gather(lines: Sequence[str]) -> Evidence:
@@ -183,6 +195,15 @@ def gather(lines: Sequence[str]) -> Evidence:
         if not ev.docker_sign and ("172.1" in line or "ocker" in line or "veth" in line or "ontainer" in line
                                    or "--network" in line) and _DOCKER_SIGN.search(line):
             ev.docker_sign = line.strip()[:_KEPT]
+        if not ev.driver_sign and ("driver" in line or "Driver" in line) and _DRIVER_SIGN.search(line):
+            ev.driver_sign = line.strip()[:_KEPT]
+        if not ev.exclusive_sign and ("xclusive" in line or "XCLUSIVE" in line or "E. Process" in line) \
+                and _EXCLUSIVE_SIGN.search(line):
+            ev.exclusive_sign = line.strip()[:_KEPT]
+        if not ev.accelerate_sign and ("ccelerate" in line or "MULTI_GPU" in line) and _ACCELERATE_SIGN.search(line):
+            ev.accelerate_sign = line.strip()[:_KEPT]
+        if not ev.ray_sign and ("ray" in line or "Ray" in line or " pid=" in line) and _RAY_SIGN.search(line):
+            ev.ray_sign = line.strip()[:_KEPT]
         if "Timeout(ms)=" in line and ev.timeout_ms is None:
             m = _TIMEOUT_MS.search(line)
             if m:
@@ -385,7 +406,7 @@ def refine(lines: Sequence[str], found: dict, by_id: dict, make: Callable) -> Ev
     elif "duplicate-gpu" in found and ev.nproc is not None and ev.visible_gpus is not None:
         note("duplicate-gpu", f"The log starts {ev.nproc} processes per node with {ev.visible_gpus} visible GPUs, "
                               "enough for one each: the ranks did not pick their own.")
-    elif "duplicate-gpu" in found:
+    elif "duplicate-gpu" in found and not (ev.accelerate_sign or ev.ray_sign):
         note("duplicate-gpu", "If the node has fewer GPUs than processes, it is that instead: compare "
                               "--nproc-per-node with nvidia-smi -L (the log does not show both counts).")
     if "more-ranks-than-gpus" in found:
@@ -499,6 +520,23 @@ def refine(lines: Sequence[str], found: dict, by_id: dict, make: Callable) -> Ev
     # Families: the log's evidence puts one candidate first.
     _rank_first(found, "nccl-system-error", "shm-too-small", ev.shm_sign)
     _rank_first(found, "nccl-system-error", "container-network", ev.docker_sign)
+    # Who assigned the GPUs decides between the readings of "Duplicate GPU detected": accelerate sets each
+    # process's device from its local index, so a shared device there means fewer GPUs than processes;
+    # under Ray the framework's own assignment is the suspect. Counts (above) decide before either.
+    if "duplicate-gpu" in found and not too_many:
+        if ev.nproc is not None and ev.visible_gpus is not None:
+            _rank_first(found, "duplicate-gpu", "duplicate-gpu", f"--nproc-per-node {ev.nproc} with "
+                                                                 f"{ev.visible_gpus} visible GPUs")
+        elif ev.ray_sign:
+            _rank_first(found, "duplicate-gpu", "library-version-mismatch", ev.ray_sign)
+        elif ev.accelerate_sign:
+            _rank_first(found, "duplicate-gpu", "more-ranks-than-gpus", ev.accelerate_sign)
+    # "busy or unavailable": a driver message, or the compute mode printed, decides the reading.
+    if "cuda-devices-busy" in found:
+        if ev.driver_sign:
+            _rank_first(found, "cuda-devices-busy", "cuda-driver-mismatch", ev.driver_sign)
+        elif ev.exclusive_sign:
+            _rank_first(found, "cuda-devices-busy", "gpu-exclusive-mode", ev.exclusive_sign)
     if "nccl-remote-error" in found and not [s for s in ev.crash_signals if s != "SIGABRT"] and ev.net_last_error:
         first = "nccl-ib-network" if ("NET/IB" in ev.net_last_error or "ibv_" in ev.net_last_error
                                       or "NET/OFI" in ev.net_last_error) else "nccl-wrong-interface"

@@ -3,6 +3,7 @@
     python tests/data/explain_realworld/realworld_score.py            # the table: each half, then per kind
     python tests/data/explain_realworld/realworld_score.py --cases    # one line per case
     python tests/data/explain_realworld/realworld_score.py --heldout  # include the held-out half (score it once, at the end)
+    python tests/data/explain_realworld/realworld_score.py --set heldout2   # the second held-out set (heldout2/)
 
 The logs (``logs/``) are what users pasted in the thread named in ``cases.tsv`` (user names, hosts,
 addresses removed), picked by searching for the symptom; ``expect`` is the cause the thread settled.
@@ -35,13 +36,17 @@ CONSEQUENCES = {"peer-closed"}
 OUTCOMES = ("right", "partial", "wrong", "unknown")
 
 
-def load_cases() -> list:
-    with open(TABLE, encoding="utf-8", newline="") as f:
-        return list(csv.DictReader(f, delimiter="\t"))
+def load_cases(where: str = HERE) -> list:
+    """The cases of the set in ``where`` (this folder, or a later held-out set such as ``heldout2/``)."""
+    with open(os.path.join(where, "cases.tsv"), encoding="utf-8", newline="") as f:
+        cases = list(csv.DictReader(f, delimiter="\t"))
+    for case in cases:
+        case["_logs"] = os.path.join(where, "logs")
+    return cases
 
 
 def read_log(case: dict) -> str:
-    with open(os.path.join(LOGS, case["file"]), encoding="utf-8") as f:
+    with open(os.path.join(case.get("_logs", LOGS), case["file"]), encoding="utf-8") as f:
         return f.read()
 
 
@@ -87,7 +92,8 @@ def _line(name: str, rs: list) -> str:
 
 def table(results: list, heldout: bool) -> list:
     halves = ("dev", "heldout") if heldout else ("dev",)
-    lines = [_line(f"{h} half", [r for r in results if r[0]["half"] == h]) for h in halves]
+    lines = [_line(f"{h} half", [r for r in results if r[0]["half"] == h]) for h in halves
+             if any(r[0]["half"] == h for r in results)]
     groups = defaultdict(list)
     for r in results:
         if r[0]["half"] in halves:
@@ -102,7 +108,16 @@ def _show(found: list) -> str:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     heldout = "--heldout" in argv
-    cases = [c for c in load_cases() if heldout or c["half"] == "dev"]
+    if "--set" in argv:
+        name = argv[argv.index("--set") + 1] if argv.index("--set") + 1 < len(argv) else ""
+        where = os.path.join(HERE, name)
+        if not name or not os.path.isfile(os.path.join(where, "cases.tsv")):
+            print(f"realworld_score: no set {name!r} here (a folder of {HERE} with cases.tsv); try --set heldout2",
+                  file=sys.stderr)
+            return 2
+        cases, heldout = load_cases(where), True
+    else:
+        cases = [c for c in load_cases() if heldout or c["half"] == "dev"]
     results = run(cases)
     if "--cases" in argv:
         for case, found, outcome in results:
