@@ -111,9 +111,17 @@ def _settles(rank, world):
 
     from ddpdoctor.training import teardown
 
+    import time
+
     kept = dist.group.WORLD  # as DDP keeps its group: the workers outlive destroy_process_group()
     dist.all_reduce(torch.ones(8))
+    # gloo starts two worker threads; each names itself once it first runs, which on a loaded machine may
+    # come after the all_reduce (one thread did all of it): wait for both names, with a deadline
+    deadline = time.monotonic() + 20
     workers = teardown._gloo_workers()
+    while len(workers or ()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+        workers = teardown._gloo_workers()
     return len(workers), teardown.settle_gloo_workers(deadline=30.0), kept is not None
 
 
