@@ -870,6 +870,7 @@ class _Pictures:
 
     def write(self, kind: str, code: int, kept: bool) -> int:
         """Write the pictures; ``code``, or 74 when ``--html`` could not be written and ``code`` was 0."""
+        from ddpdoctor.report.document import save_output
         from ddpdoctor.report.page import save_page
 
         if not kept and not self.spec.html:
@@ -902,12 +903,9 @@ class _Pictures:
         if kept:
             unsaved += _save(os.path.join(self.rd.path, "report.html"), lambda: html_text)
         if self.spec.html:
-            try:
-                save_page(self.spec.html, html_text)
-            except OSError as exc:
-                _say(self.spec, [f"error[html-write]: cannot write {safe_text(self.spec.html)}: {exc.strerror or exc}; "
-                                 "the report above is complete; free space there or choose another --html path"])
-                code = int(ExitCode.OUTPUT_FAILED) if code == 0 else code
+            code, line = save_output(self.spec.html, lambda: save_page(self.spec.html, html_text), code, "--html")
+            if line:
+                _say(self.spec, [line])
         if unsaved:
             _say(self.spec, [f"ddpdoctor run: not saved: {'; '.join(unsaved)}"])
         if kept:

@@ -6,7 +6,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ddpdoctor import __version__
 from ddpdoctor.check import WorldInfo
@@ -15,8 +15,8 @@ from ddpdoctor.errors import UsageError
 from ddpdoctor.result import CheckResult, Status
 from ddpdoctor.system.redact import redact_text, safe_data, safe_text
 
-__all__ = ["save_json", "RunReport", "SCHEMA", "write_json_file", "write_file_atomically", "check_json_target",
-           "redacted"]
+__all__ = ["save_json", "save_output", "said", "RunReport", "SCHEMA", "write_json_file", "write_file_atomically",
+           "check_json_target", "redacted"]
 
 SCHEMA = 1
 
@@ -85,14 +85,29 @@ def save_json(path: str, doc: Any, code: int) -> int:
     code is 74 (output failed) if the verdict was 0: a CI gate must not pass without its report, and it is
     no usage error (the work ran). A failing verdict (1) keeps its own code.
     """
-    import sys
+    return said(*save_output(path, lambda: write_json_file(path, doc), code, "--json"))
 
+
+def save_output(path: str, write: Callable[[], None], code: int, flag: str) -> tuple[int, Optional[str]]:
+    """Run ``write`` (the file ``--json`` or ``--html`` asked for, written after the terminal report);
+    the command's exit code and, when the write failed (disk full, permissions), the one line that says
+    so: 74 (output failed) if the verdict was 0, a failing verdict keeping its own code."""
     try:
-        write_json_file(path, doc)
+        write()
     except OSError as exc:
-        print(f"error[json-write]: cannot write {safe_text(path)}: {exc.strerror or exc}; the report above is "
-              "complete; free space there or choose another --json path", file=sys.stderr, flush=True)
-        return int(ExitCode.OUTPUT_FAILED) if code == 0 else code
+        kind = flag.lstrip("-")
+        return (int(ExitCode.OUTPUT_FAILED) if code == 0 else code,
+                f"error[{kind}-write]: cannot write {safe_text(path)}: {exc.strerror or exc}; the report above is "
+                f"complete; free space there or choose another {flag} path")
+    return code, None
+
+
+def said(code: int, line: Optional[str]) -> int:
+    """``code``, after ``line`` (if any) on standard error."""
+    if line:
+        import sys
+
+        print(line, file=sys.stderr, flush=True)
     return code
 
 

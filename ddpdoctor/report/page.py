@@ -70,14 +70,6 @@ def write_page(path: str, html_text: str, code: int) -> int:
     """Write ``--html`` once the terminal report is out; the command's exit code (as ``--json``'s
     :func:`ddpdoctor.report.document.save_json`: a page that cannot be written is one line on standard
     error, and 74 when the verdict was 0)."""
-    import sys
+    from ddpdoctor.report.document import said, save_output
 
-    from ddpdoctor.exitcodes import ExitCode
-
-    try:
-        save_page(path, html_text)
-    except OSError as exc:
-        print(f"error[html-write]: cannot write {text(path)}: {exc.strerror or exc}; the report above is complete; "
-              "free space there or choose another --html path", file=sys.stderr, flush=True)
-        return int(ExitCode.OUTPUT_FAILED) if code == 0 else code
-    return code
+    return said(*save_output(path, lambda: save_page(path, html_text), code, "--html"))
