@@ -78,6 +78,17 @@ def _where(frame):
     return ""
 
 
+def _replace(c10d, package, name, real, wrapper):
+    """Put ``wrapper`` (marked as the watches', wrapping ``real``) in c10d as ``name``, and in
+    ``torch.distributed`` where that exposes the same function (``dist.init_process_group``)."""
+    wrapper._ddpdoctor_watch = True
+    wrapper.__wrapped__ = real
+    wrapper.__doc__ = real.__doc__
+    setattr(c10d, name, wrapper)
+    if getattr(package, name, None) is real:
+        setattr(package, name, wrapper)
+
+
 def _write_json(run_dir, name, data):
     import json
 
@@ -265,12 +276,7 @@ class _Rank:
                 state.final("destroy_process_group")
                 return real_destroy(*args, **kwargs)
 
-            destroy_process_group._ddpdoctor_watch = True
-            destroy_process_group.__wrapped__ = real_destroy
-            destroy_process_group.__doc__ = real_destroy.__doc__
-            c10d.destroy_process_group = destroy_process_group
-            if getattr(package, "destroy_process_group", None) is real_destroy:
-                package.destroy_process_group = destroy_process_group
+            _replace(c10d, package, "destroy_process_group", real_destroy, destroy_process_group)
 
     # --- what the patches call -----------------------------------------------------------------
 
@@ -675,12 +681,7 @@ class _SoloWait:
                 pass
             return result
 
-        init_process_group._ddpdoctor_watch = True
-        init_process_group.__wrapped__ = real
-        init_process_group.__doc__ = real.__doc__
-        c10d.init_process_group = init_process_group
-        if getattr(package, "init_process_group", None) is real:
-            package.init_process_group = init_process_group
+        _replace(c10d, package, "init_process_group", real, init_process_group)
 
     def initialized(self, c10d, timeout, frame):
         where = _where(frame)
