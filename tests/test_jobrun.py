@@ -49,7 +49,7 @@ def test_hang_names_the_rank_and_line_and_exits_124(cli_env, tmp_path):
     assert "ddpdoctor run: hung: no rank made progress for 3s" in err
     assert f"  rank 0: all_reduce, called from train ({name}:{line_of('all_reduce')})" in err
     assert f"  rank 1: dataset_read ({name}:{line_of('dataset')})   <- the odd one out" in err
-    assert "stacks read with the in-process handler (faulthandler)" in err
+    assert "stacks read with the in-process handler" in err
     # the verdict leads with the Flight Recorder's reading: the collective by number, who entered, who never did
     lines = err[err.index("ddpdoctor run: hung: no rank made progress for 3s\n"):].splitlines()
     assert lines[1] == "  Flight Recorder: collective #4 of the default group: rank 0 entered, rank 1 never did", err
@@ -116,8 +116,13 @@ def test_rank_that_raises_is_named_with_its_line(cli_env, tmp_path):
     assert "(ChildFailedError) is its report of that failure, not another cause" in verdict
     # the launcher's "first failure" (rank 1 exited with code 1: the same exception) would say it again
     assert "first failure:" not in verdict, verdict
-    assert json.loads((run_dir / "verdict.json").read_text())["first_failure"] == (
-        f"rank 1 exited with code 1: RuntimeError: boom on rank 1 at train ({name}:{line_of('raise')})")
+    doc = json.loads((run_dir / "verdict.json").read_text())
+    if doc["first_failure"] is None:  # torchrun saw rank 0's consequence in the same poll and named it first
+        assert doc["launcher_first_failure"].startswith("rank 0 exited with code 1: RuntimeError: "), doc
+        assert "rank 0 (pid " in verdict and "after the first failure" in verdict, verdict
+    else:
+        assert doc["first_failure"] == (
+            f"rank 1 exited with code 1: RuntimeError: boom on rank 1 at train ({name}:{line_of('raise')})")
     assert "finished" not in verdict
     assert "peer-closed: a peer rank went away (rank 0)" in p.stderr
     assert "hung" not in p.stderr

@@ -100,7 +100,7 @@ def test_ctrl_c_on_a_hung_job_prints_both_ranks_stacks_last_and_exits_130(cli_en
     verdict = "\n".join(block)
     assert f"rank 0: barrier, called from <module> ({script}:{line_of(HUNG, 'barrier')})" in verdict, verdict
     assert f"rank 1: <module> ({script}:{line_of(HUNG, 'sleep')})" in verdict, verdict
-    assert "stacks read with the in-process handler (faulthandler)" in verdict
+    assert "stacks read with the in-process handler" in verdict
     # led by the Flight Recorder's reading, dumped on the interrupt while rank 0 was blocked in the barrier
     assert block[1] == "  Flight Recorder: collective #1 of the default group: rank 0 entered, rank 1 never did", verdict
     assert block[2].startswith("    rank 0: #1 barrier") and f"{script}:{line_of(HUNG, 'barrier')}" in block[2], verdict

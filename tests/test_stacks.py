@@ -93,11 +93,11 @@ def job_with_handler(cli_env, tmp_path):
 def test_stacks_of_a_live_torchrun_job(job_with_handler, cli_env):
     proc, pids, script, env = job_with_handler
     deadline = time.monotonic() + 60
-    while True:  # the ranks may still be importing torch on a busy machine: ask until they hang
+    while True:  # the ranks may still be importing torch, or between two steps, on a busy machine: ask until all hang
         p = subprocess.run(CMD + ["stacks", str(proc.pid)], env={**cli_env, "DDPDOCTOR_STACKS_METHOD": "handler"},
                            capture_output=True, text=True, timeout=60)
         assert p.returncode == 0, p.stdout + p.stderr
-        if "barrier" in p.stdout or time.monotonic() > deadline:
+        if ("barrier" in p.stdout and "ranks 0,2: all_reduce" in p.stdout) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     lines = p.stdout.splitlines()
@@ -105,7 +105,7 @@ def test_stacks_of_a_live_torchrun_job(job_with_handler, cli_env):
     assert lines[0] == "ddpdoctor stacks: 3 rank processes"
     assert lines[1] == f"ranks 0,2: all_reduce, called from train ({name}:{line_of('all_reduce')})"
     assert lines[2] == f"rank 1:    barrier, called from train ({name}:{line_of('barrier')})   <- the odd one out"
-    assert lines[3] == "stacks read with the in-process handler (faulthandler)"
+    assert lines[3] == "stacks read with the in-process handler"
     assert "not reachable" not in p.stdout
     # beside each stack, the rank's last recorded collectives, asked of the live ranks (a dump thread):
     # skip mode, 10 steps: ranks 0 and 2 are in all_reduce #10, rank 1 (it skipped one) in barrier #10;
@@ -245,3 +245,95 @@ def test_ranks_a_step_apart_in_ddp_are_one_family():
                 for r, s in ((0, DDP_BUFFERS), (1, BARRIER), (2, DDP_BACKWARD))]
     odd = [line for line in render_groups(readings) if "odd one out" in line]
     assert odd == ["rank 1: barrier, called from train (/home/me/proj/train.py:33)   <- the odd one out"]
+
+
+BUSY = r'''
+import re, sys, threading, time
+
+
+def rec(n):
+    return 0 if n == 0 else rec(n - 1) + 1
+
+
+def churn():  # a thread running Python all the time, as a DataLoader's pin-memory thread does
+    while True:
+        rec(300)
+
+
+threading.Thread(target=churn, daemon=True, name="churn").start()
+print("ready", flush=True)
+if sys.argv[1] == "gil":
+    re.match(r"(a+)+$", "a" * 64 + "b")  # MARK:gil (C code that never lets the GIL go)
+else:
+    time.sleep(120)  # MARK:sleep
+'''
+
+
+def _busy_job(cli_env, tmp_path, mode):
+    """A process under ddpdoctor's hook (as a rank) whose thread runs Python all the time, its main thread
+    asleep (``sleep``) or in C code that holds the GIL (``gil``): (process, RankProcess)."""
+    run_dir = tmp_path / "run"
+    inject = run_dir / ".inject"
+    inject.mkdir(parents=True)
+    for name in HOOK_FILES:
+        shutil.copy(os.path.join(os.path.dirname(INJECT), name), inject)
+    script = tmp_path / "busy.py"
+    script.write_text(BUSY)
+    env = {**cli_env, "PYTHONPATH": f"{inject}{os.pathsep}{cli_env['PYTHONPATH']}", "DDPDOCTOR_RUN_DIR": str(run_dir),
+           "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "DDPDOCTOR_STACKS_METHOD": "handler"}
+    proc = subprocess.Popen([sys.executable, str(script), mode], env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    deadline = time.monotonic() + 30
+    while not (run_dir / f"proc-{proc.pid}.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return proc, RankProcess(proc.pid, 0, run_dir=str(run_dir))
+
+
+def _busy_line(mark):
+    return next(i for i, x in enumerate(BUSY.splitlines(), start=1) if f"MARK:{mark}" in x)
+
+
+@pytest.mark.timeout(90)
+def test_reading_a_busy_process_never_signals_it(cli_env, tmp_path, monkeypatch):
+    """faulthandler's all-threads dump from a signal handler walks the other threads' frames while they
+    run, and crashed such a process within three reads (SIGSEGV, CPython issue 116008). The hook's own
+    thread reads the stacks under the GIL: twenty reads, all by the hook, the process alive after."""
+    from ddpdoctor.postmortem.stacks import read_stacks
+
+    monkeypatch.setenv("DDPDOCTOR_STACKS_METHOD", "handler")
+    proc, rank = _busy_job(cli_env, tmp_path, "sleep")
+    try:
+        for _ in range(20):
+            (r,) = read_stacks([rank], 3.0)
+            assert r.method == "handler", (r.method, r.error, r.fallback)
+            assert r.place == f"<module> ({tmp_path / 'busy.py'}:{_busy_line('sleep')})", r.stack
+            assert ("in rec\n" in r.stack or "in churn\n" in r.stack) and "# ddpdoctor stacks end" not in r.stack
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+
+
+@pytest.mark.timeout(90)
+def test_a_process_whose_gil_is_held_is_read_by_faulthandler(cli_env, tmp_path, monkeypatch):
+    """A main thread stuck in C code that holds the GIL (a catastrophic regular expression) leaves the
+    hook's thread no turn: the reader says so and falls back to the signal, safe then (no thread runs
+    Python), and names the line."""
+    from ddpdoctor.postmortem.stacks import read_stacks, render_groups
+
+    monkeypatch.setenv("DDPDOCTOR_STACKS_METHOD", "handler")
+    proc, rank = _busy_job(cli_env, tmp_path, "gil")
+    try:
+        time.sleep(0.5)
+        (r,) = read_stacks([rank], 3.0)
+        assert r.method == "signal", (r.method, r.error)
+        assert r.place.endswith(f"<module> ({tmp_path / 'busy.py'}:{_busy_line('gil')})"), (r.place, r.stack)
+        assert "did not answer within 1.8s (the GIL held?)" in r.fallback
+        assert f"rank 0 (pid {proc.pid}): read with faulthandler: its hook's thread did not answer" in \
+            "\n".join(render_groups([r]))
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()

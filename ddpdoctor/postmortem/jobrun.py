@@ -565,6 +565,9 @@ def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: st
     matches = explain_text(text)
     first = first_failure(text)
     dead = watch.first_death()
+    launcher_first = None
+    if first and _after_the_cause(first, dead, watch):
+        launcher_first, first = first, None  # the launcher saw a consequence exit first: never named as first
     cause = None
     if dead is not None:
         cause = f"{dead.label} {dead.death()}"
@@ -612,6 +615,7 @@ def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: st
     unsaved += _save(os.path.join(run_dir, "verdict.txt"), lambda: "\n".join(lines) + "\n")
     doc = watch.verdict_doc = safe_data({
         "schema": 1, "kind": kind, "headline": headline, "exit_code": code, "cause": cause, "first_failure": first,
+        **({"launcher_first_failure": launcher_first} if launcher_first else {}),
         "causes": [m.to_dict() for m in matches],
         "stacks": [{"rank": r.proc.rank, "pid": r.proc.pid, "method": r.method, "place": r.place} for r in readings],
         "ranks": [{"rank": p.rank, "index": p.index, "pid": p.pid,
@@ -624,6 +628,16 @@ def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: st
         lines.append(f"  not saved: {'; '.join(unsaved)}")
     watch.verdict_lines = lines
     return lines
+
+
+def _after_the_cause(first: str, dead: Optional[_Proc], watch: _Watch) -> bool:
+    """The launcher's "first observed failure" names a rank the hook saw die after the one that raised first
+    (torchrun orders failures it saw in one poll by rank, not by time: rank 0's "Connection closed by
+    peer" can be named before rank 1's exception that caused it)."""
+    m = re.match(r"rank (\d+) ", first)
+    if m is None or dead is None or dead.end is None or dead.end.get("how") != "raised":
+        return False
+    return any(p is not dead and p.rank == int(m.group(1)) for p in watch.deaths) and dead.rank != int(m.group(1))
 
 
 def _same_failure(cause: Optional[str], first: str, dead: Optional[_Proc]) -> bool:

@@ -40,7 +40,7 @@ OWN_PATTERNS = (MARKER + ".*.tmp", "proc-*.json", "beat-*", "coll-*.txt", "stack
                 "finding-*.json", ".finding-*", "desync-*", ".desync-*", "bn-[0-9]*-*.json", ".bn-[0-9]*", "plan-*.json", ".plan-*",
                 ".flight-recorder-rank*", "frdump-*.json", ".frdump-*", "fr-request", ".fr-request.*",
                 "solo-*", ".solo-*", "count-*.json", ".count-*",
-                "frprog-*.json", ".frprog-*", "torch-dump-rank*")
+                "frprog-*.json", ".frprog-*", "torch-dump-rank*", "stackreq-*", "stackans-*.txt")
 # what .inject/ holds from ddpdoctor/postmortem/inject/ (inject_files() adds the library's fingerprint)
 HOOK_FILES = ("sitecustomize.py", "_ddpdoctor_recorder.py", "_ddpdoctor_watches.py")
 FIXED_NAMES = (INJECT, "output.raw.log", "stacks.txt", "verdict.txt", "verdict.json", "report.html", "trace.json")  # what every run may write

@@ -28,6 +28,7 @@ import shutil
 import signal
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -56,6 +57,7 @@ class RankProcess:
     index: Optional[int] = None  # the process index under mp.spawn / multiprocessing (start order)
     job: tuple = ()  # which job it belongs to (see _job_of): ranks of two jobs are never judged together
     job_label: str = ""
+    stack_answers: Optional[str] = None  # where its hook's thread answers stackreq-<pid> (from its record)
 
     @property
     def label(self) -> str:
@@ -75,6 +77,8 @@ class RankProcess:
                 data = json.load(f)
             self.signal_name = data.get("signal", self.signal_name)
             self.main_thread = data.get("main_thread")
+            answers = data.get("stack_answers")
+            self.stack_answers = answers if isinstance(answers, str) and os.path.isabs(answers) else None
             if self.rank is None and isinstance(data.get("rank"), int):
                 self.rank = data["rank"]
             if self.index is None and isinstance(data.get("index"), int):
@@ -87,14 +91,17 @@ class RankProcess:
 
 @dataclass
 class StackReading:
-    """A rank's stack and how it was read (``py-spy``, ``handler``, or ``none`` with the reason)."""
+    """A rank's stack and how it was read (``py-spy``; ``handler``: by the injected hook's thread, under the
+    GIL; ``signal``: faulthandler on the stack signal, when that thread did not answer; or ``none`` with
+    the reason)."""
 
     proc: RankProcess
     method: str
     stack: str = ""
     error: str = ""
     place: str = field(default="")
-    note: str = ""
+    note: str = ""  # why py-spy could not be used
+    fallback: str = ""  # why the stack signal was sent (method ``signal``): its hook's thread did not answer
 
 
 def _int(value: Optional[str]) -> Optional[int]:
@@ -352,8 +359,73 @@ def handler_installed(pid: int, signum: int) -> bool:
     return bool(m) and bool(int(m.group(1), 16) >> (signum - 1) & 1)
 
 
-def _read_handler(proc: RankProcess, path: str, wait: float) -> tuple:
-    start = os.path.getsize(path) if os.path.exists(path) else 0
+_END = "# ddpdoctor stacks end "
+
+
+@dataclass
+class _Ask:
+    """One stack request to a hook's thread: where the answer goes, from which offset, under which token."""
+
+    proc: RankProcess
+    path: str
+    start: int
+    token: str = ""
+    error: str = ""
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _request(proc: RankProcess, path: str) -> _Ask:
+    """Ask ``proc``'s hook thread for its stacks: a fresh token in ``stackreq-<pid>`` (written whole, then
+    renamed into place), when its hook has that thread (``stack_answers`` in its record: the answer's file;
+    ``path``: faulthandler's, for the fallback)."""
+    if not proc.stack_answers:
+        return _Ask(proc, path, 0)
+    ask = _Ask(proc, path, _size(proc.stack_answers))
+    token = uuid.uuid4().hex[:16]
+    target = os.path.join(os.path.dirname(path), f"stackreq-{proc.pid}")
+    tmp = f"{target}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token)
+        os.replace(tmp, target)
+        ask.token = token
+    except OSError as exc:
+        ask.error = f"cannot write the request ({exc.strerror})"
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+    return ask
+
+
+def _answer(ask: _Ask) -> Optional[str]:
+    """The dump the hook's thread appended for ``ask``'s token (without its end line), or None yet."""
+    try:
+        with open(ask.proc.stack_answers, encoding="utf-8", errors="replace") as f:
+            f.seek(ask.start)
+            text = f.read()
+    except OSError:
+        return None
+    end = text.find(_END + ask.token + "\n")
+    if end < 0:
+        return None
+    begin = text.rfind(_END, 0, end)  # an earlier request's answer, when two readers asked at once
+    begin = 0 if begin < 0 else text.index("\n", begin) + 1
+    return text[begin:end]
+
+
+def _signal_dump(proc: RankProcess, path: str, wait: float) -> tuple:
+    """faulthandler's dump of ``proc`` on its stack signal: (text, error). Only where its hook's thread did
+    not answer: faulthandler walks the other threads' frames while they run, which can crash a process
+    whose threads run Python (CPython issue 116008); one whose thread cannot answer has its GIL held."""
+    start = _size(path)
     signum = getattr(signal, proc.signal_name, signal.SIGUSR2)
     if not handler_installed(proc.pid, signum):
         return "", f"PID {proc.pid} has no {proc.signal_name} handler now (exiting or ended): not signalled"
@@ -362,38 +434,100 @@ def _read_handler(proc: RankProcess, path: str, wait: float) -> tuple:
     except OSError as exc:
         return "", f"cannot signal PID {proc.pid}: {exc.strerror}"
     _wait_stable(path, start, time.monotonic() + wait)
-    with open(path, encoding="utf-8", errors="replace") as f:
-        f.seek(start)
-        text = f.read()
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            f.seek(start)
+            text = f.read()
+    except OSError as exc:
+        return "", f"cannot read {path}: {exc.strerror}"
     if not text.strip():
         return "", f"no stack written within {wait:g}s"
-    return main_thread_first(text, proc.main_thread), ""
+    return text, ""
+
+
+def _read_handlers(procs: Sequence[RankProcess], wait: float) -> dict:
+    """``{pid: StackReading}`` through the hooks ``ddpdoctor run`` injects, all ranks at once: each hook's
+    thread is asked (``stackreq-<pid>``) and reads its process's stacks under the GIL; a process whose
+    thread does not answer within 60% of ``wait`` (at least a second) gets the stack signal, and
+    faulthandler's dump, for the rest of it (at least a second): its GIL is held, by a C call stuck
+    without releasing it (the error says so), or its hook predates the thread."""
+    asks = [_request(p, p.handler_file() or "") for p in procs]
+    started = time.monotonic()
+    patience = min(wait, max(1.0, 0.6 * wait))
+    answers: dict = {}
+    while True:
+        for a in asks:
+            if a.token and a.proc.pid not in answers:
+                text = _answer(a)
+                if text is not None:
+                    answers[a.proc.pid] = text
+        waiting = [a for a in asks if a.token and a.proc.pid not in answers and _alive(a.proc.pid)]
+        if not waiting or time.monotonic() - started >= patience:
+            break
+        time.sleep(0.05)
+    readings = {}
+    for a in asks:
+        text = answers.get(a.proc.pid)
+        if text and text.strip():
+            text = main_thread_first(text, a.proc.main_thread)
+            readings[a.proc.pid] = StackReading(a.proc, "handler", text, place=describe_place(text))
+            continue
+        why = a.error or (f"its hook's thread did not answer within {patience:g}s (the GIL held?)" if a.token
+                          else "its hook has no stack thread")
+        text, err = _signal_dump(a.proc, a.path, max(1.0, wait - patience))
+        if text:
+            text = main_thread_first(text, a.proc.main_thread)
+            readings[a.proc.pid] = StackReading(a.proc, "signal", text, place=describe_place(text), fallback=why)
+        else:
+            readings[a.proc.pid] = StackReading(a.proc, "none", error=f"{why}; {err}")
+    return readings
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
 
 
 def read_stack(proc: RankProcess, wait: float = 3.0) -> StackReading:
     """One rank's stack: py-spy when usable, else the injected handler; never an unhandled signal."""
-    errors = []
-    exe = pyspy_path()
-    if exe:
-        text, err = _read_pyspy(exe, proc.pid, wait)
-        if text:
-            return StackReading(proc, "py-spy", text, place=describe_place(text))
-        errors.append(err)
-    path = proc.handler_file()
-    if path:
-        text, err = _read_handler(proc, path, wait)
-        if text:
-            return StackReading(proc, "handler", text, place=describe_place(text), note="; ".join(errors))
-        errors.append(err)
-    else:
-        errors.append("not started under 'ddpdoctor run' (no in-process handler)")
-    if not exe:
-        errors.append("py-spy is not installed (pip install py-spy)")
-    return StackReading(proc, "none", error="; ".join(e for e in errors if e), place="unknown (stack not read)")
+    return read_stacks([proc], wait)[0]
 
 
 def read_stacks(procs: Sequence[RankProcess], wait: float = 3.0) -> list:
-    return [read_stack(p, wait) for p in procs]
+    """Each rank's stack, in ``procs``' order: py-spy when usable (one at a time), else through the
+    injected hooks (all at once, ``wait`` seconds at most: see :func:`_read_handlers`)."""
+    exe = pyspy_path()
+    got: dict = {}
+    tried: dict = {}
+    for p in procs:
+        if exe:
+            text, err = _read_pyspy(exe, p.pid, wait)
+            if text:
+                got[p.pid] = StackReading(p, "py-spy", text, place=describe_place(text))
+                continue
+            tried[p.pid] = err
+    rest = [p for p in procs if p.pid not in got]
+    hooked = [p for p in rest if p.handler_file()]
+    got.update(_read_handlers(hooked, wait) if hooked else {})
+    out = []
+    for p in procs:
+        r = got.get(p.pid)
+        errors = [tried.get(p.pid, "")]
+        if r is not None and r.stack:
+            r.note = tried.get(p.pid, "")
+            out.append(r)
+            continue
+        if r is not None:
+            errors.append(r.error)
+        else:
+            errors.append("not started under 'ddpdoctor run' (no in-process handler)")
+        if not exe:
+            errors.append("py-spy is not installed (pip install py-spy)")
+        out.append(StackReading(p, "none", error="; ".join(e for e in errors if e), place="unknown (stack not read)"))
+    return out
 
 
 def group_by_place(readings: Sequence[StackReading]) -> list:
@@ -514,13 +648,16 @@ def render_groups(readings: Sequence[StackReading]) -> list:
         mark = "   <- the odd one out" if place in odd else ""
         lines.append(f"{(who + ':').ljust(width)} {place}{mark}")
     methods = sorted({r.method for r in readings if r.method != "none"})
-    names = {"py-spy": "py-spy dump", "handler": "the in-process handler (faulthandler)"}
+    names = {"py-spy": "py-spy dump", "handler": "the in-process handler", "signal": "faulthandler (stack signal)"}
     if methods:
         lines.append("stacks read with " + " and ".join(names[m] for m in methods))
     notes = sorted({r.note.splitlines()[0] for r in readings if r.note})
     if notes:
         lines.append("py-spy could not be used here (" + notes[0][:120] + "); fell back to the handler")
     for r in readings:
+        if r.method == "signal":
+            who = r.proc.label if r.proc.label.startswith("pid ") else f"{r.proc.label} (pid {r.proc.pid})"
+            lines.append(f"{who}: read with faulthandler: {r.fallback}")
         if r.method == "none":
             who = r.proc.label if r.proc.label.startswith("pid ") else f"{r.proc.label} (pid {r.proc.pid})"
             lines.append(f"{who}: no stack: {r.error}")
