@@ -281,7 +281,7 @@ CAUSES: tuple = (
           "use backend='gloo' on Windows/macOS (or run under Linux/WSL2 for NCCL); on Linux install a CUDA "
           "build of PyTorch"),
     Cause("tcpstore-no-libuv", "TCPStore asked for libuv, which this build lacks (Windows)",
-          (r"use_libuv was requested but PyTorch was build without libuv support",),
+          (r"use_libuv was requested but PyTorch was buil[dt] without libuv support",),
           "Since PyTorch 2.4 the rendezvous store uses libuv by default, but the Windows wheels are built "
           "without it, so torchrun/accelerate fail before any rank starts.",
           "python -c 'import torch; print(torch.__version__)' (2.4+ on Windows)",
@@ -447,13 +447,31 @@ CAUSES: tuple = (
           "emptyDir with medium: Memory mounted on /dev/shm; or fewer DataLoader workers"),
     Cause("shm-permission", "/dev/shm is not writable",
           (r"unable to open shared memory object <[^>]*> in read-write mode: Permission denied",
-           r"Permission denied: '/dev/shm"),
-          "Python multiprocessing (DataLoader workers' queues and locks) and torch's shared tensors create "
-          "files in /dev/shm; here the process may not write there (mounted 755, missing in a sandbox), so "
-          "the semaphore creation fails with Errno 13. This is permission, not size.",
+           r"Permission denied: '/dev/shm",
+           r"Call to shm_open failed : Permission denied"),
+          "Python multiprocessing (DataLoader workers' queues and locks), torch's shared tensors and NCCL's "
+          "shared-memory transport create files in /dev/shm; here the process may not write there (mounted "
+          "755, missing in a sandbox), so the semaphore creation fails with Errno 13, or NCCL's shm_open is "
+          "denied and its segment cannot be created. This is permission, not size.",
           "ls -ld /dev/shm (expect drwxrwxrwt); ddpdoctor explain --here",
           "make /dev/shm a writable tmpfs with mode 1777 (mount -t tmpfs -o mode=1777 tmpfs /dev/shm; in a "
           "container bind one), or run the loader with num_workers=0"),
+    Cause("dataloader-worker-exited", "a DataLoader worker exited: one of three causes",
+          (r"DataLoader worker \(pid(?:\(s\))? [\d, ]{1,200}\) exited unexpectedly",),
+          "A DataLoader worker process died and the main process only saw it go (torch/utils/data/"
+          "dataloader.py). The line is the same for several causes: shared memory ran out (containers get "
+          "64 MB of /dev/shm), the host's OOM killer took the worker, or the worker itself crashed (an "
+          "exception in a native library, a segfault) and its error was lost.",
+          "df -h /dev/shm; dmesg -T | grep -i -e oom -e killed; rerun with num_workers=0 (the worker's own "
+          "error then shows in the main process)",
+          "the fix of the candidate the checks point at (see the candidates)",
+          candidates=(
+              ("shm-too-small", "in a container, /dev/shm is small (df -h /dev/shm shows 64M) or a bus error comes "
+                                "with it: docker run --shm-size=8g (or --ipc=host), or fewer workers"),
+              ("host-oom", "dmesg names the OOM killer and the worker's pid ('Killed', exit -9): fewer workers or "
+                           "ranks per node, smaller prefetch, or more RAM"),
+              ("dataloader-worker-error", "neither: with num_workers=0 the dataset's own error (or a crash in a "
+                                          "native library it calls) shows in the main process; fix that"))),
     Cause("host-oom", "killed by the host's out-of-memory killer",
           (r"is killed by signal: Killed",
            r"oom[-_]kill event",
@@ -489,10 +507,11 @@ CAUSES: tuple = (
           "TORCH_DISTRIBUTED_DEBUG=INFO names the parameters; check where they are used",
           "freeze them (requires_grad=False before wrapping in DDP) or remove the unused module; or make them "
           "take part in the loss (even times zero)"),
-    Cause("syncbn-single-process", "SyncBatchNorm without a process group",
-          (),
-          "A model with SyncBatchNorm (or a config with SyncBN) ran in a single process: SyncBatchNorm asks for "
-          "the world size and there is no default process group.",
+    Cause("syncbn-single-process", "SyncBatchNorm without a process group (outside DDP)",
+          (r"SyncBatchNorm is only supported within torch\.nn\.parallel\.DistributedDataParallel",),
+          "A model with SyncBatchNorm (or a config with SyncBN) ran in a single process or outside "
+          "DistributedDataParallel (one GPU, DataParallel, a test script): SyncBatchNorm asks for the world "
+          "size and there is no default process group, or (older torch) it refuses outside DDP.",
           "the traceback goes through batchnorm.py (SyncBatchNorm.forward) into get_world_size",
           "for single-process runs use plain BatchNorm (norm_cfg type 'BN'; choose the layer by world size) "
           "or create a world_size=1 process group"),
@@ -659,7 +678,6 @@ CAUSES: tuple = (
           "or DistributedSampler for uneven data)"),
     Cause("syncbn-cpu", "SyncBatchNorm on CPU or one process",
           (r"SyncBatchNorm expected input tensor to be on GPU",
-           r"SyncBatchNorm is only supported within torch\.nn\.parallel\.DistributedDataParallel",
            r"SyncBatchNorm number of input channels should be non-zero"),
           "SyncBatchNorm synchronizes statistics only for GPU (or XPU) tensors in a process group of two "
           "or more ranks; on CPU with gloo it refuses.",

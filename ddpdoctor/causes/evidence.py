@@ -30,10 +30,10 @@ from ddpdoctor.causes.versions import version_facts
 from ddpdoctor.system.redact import shorten
 from ddpdoctor.system.stackframes import is_user, shown_path
 
-__all__ = ["AREA", "DERIVED", "Evidence", "gather", "refine"]
+__all__ = ["AREA", "DERIVED", "Evidence", "gather", "gather_more", "refine"]
 
 # Causes with no line pattern of their own: only this pass finds them, from the evidence around another match.
-DERIVED = ("slow-rank-timeout", "ddp-unused-already-on", "syncbn-single-process", "torch-distributed-error",
+DERIVED = ("slow-rank-timeout", "ddp-unused-already-on", "torch-distributed-error",
            "accelerate-error")
 # Families by the source file an NCCL WARN or a gloo enforce names (catalogue's last entries).
 AREA = ("nccl-warn-ib", "nccl-warn-network", "nccl-warn-cuda", "nccl-warn", "gloo-enforce", "torch-distributed-error",
@@ -197,35 +197,12 @@ def gather(lines: Sequence[str]) -> Evidence:
             m = _VISIBLE.search(line)
             if m:
                 ev.visible_gpus = len([d for d in m.group(1).split(",") if d])
-        if ("find_unused_parameters" in line and "keyword argument" not in line
-                and "`find_unused" not in line and _FIND_UNUSED_ON.search(line)):
-            ev.find_unused_on = ev.find_unused_on or line.strip()[:_KEPT]
-        if not ev.find_unused_on and "Since `find_unused_parameters=True` is enabled" in line:
-            # the reducer's newer wording says the setting is on: keep the words that say so
-            ev.find_unused_on = line[line.index("Since `find_unused"):].strip()[:_KEPT]
-        if not ev.port_code_sign and ("tcp" in line or "MASTER_PORT" in line) and _PORT_CODE.search(line):
-            ev.port_code_sign = line.strip()[:_KEPT]
-        if not ev.port_launcher_sign and ("torchrun" in line or "torch" in line or "accelerate" in line
-                                          or "--ma" in line or "rendezvous" in line or "deepspeed" in line) \
-                and _PORT_LAUNCHER.search(line):
-            ev.port_launcher_sign = line.strip()[:_KEPT]
-        if not ev.plain_python and "python" in line and ".py" in line and _PLAIN_PY.match(line):
-            ev.plain_python = line.strip()[:_KEPT]
-        if not ev.cpu_decisive and ("device type cpu" in line or "device(type='cpu')" in line
-                                    or (".cuda()" in line and _CPU_WRAPPED.search(line))):
-            ev.cpu_decisive = line.strip()[:_KEPT]
-        if not ev.sparse_sign and ("parse" in line) and _SPARSE_SIGN.search(line):
-            ev.sparse_sign = line.strip()[:_KEPT]
-        if not ev.oom_shared and "CUDA out of memory" in line and "GPU 0" in line:
-            m = _OOM_RANK.match(line)
-            if len(_OOM_PROCS.findall(line)) >= 2 or (m and int(m.group(1)) != 0):
-                ev.oom_shared = line.strip()[:_KEPT]
-        if "|" in line and (" C " in line or " G " in line or " C+G " in line):
-            m = _SMI_ROW.match(line)
-            if m and sum(len(p) for p in ev.smi_rows.values()) < _SMI_MAX:
-                ev.smi_rows.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
-                if m.group(1) == "0" and not ev.smi_line:
-                    ev.smi_line = line.strip()[:_KEPT]
+        if "find_unused_parameters" in line:
+            if "keyword argument" not in line and "`find_unused" not in line and _FIND_UNUSED_ON.search(line):
+                ev.find_unused_on = ev.find_unused_on or line.strip()[:_KEPT]
+            elif not ev.find_unused_on and "Since `find_unused_parameters=True` is enabled" in line:
+                # the reducer's newer wording says the setting is on: keep the words that say so
+                ev.find_unused_on = line[line.index("Since `find_unused"):].strip()[:_KEPT]
         if not ev.syncbn and ("batchnorm.py" in line or "sync_bn" in line or "SyncB" in line) \
                 and _SYNCBN_FRAME.search(line):
             ev.syncbn = True
@@ -321,10 +298,47 @@ def gather(lines: Sequence[str]) -> Evidence:
     return ev
 
 
+def gather_more(lines: Sequence[str], ev: Evidence, port: bool, tensor: bool, memory: bool) -> None:
+    """A second pass, only when a cause in play needs it (most logs never pay for it): who chose the port of
+    "address already in use" (``port``), what the log shows of a tensor NCCL refused (``tensor``), and GPU 0
+    shared by several processes (``memory``: the out-of-memory line, nvidia-smi's process table)."""
+    if not (port or tensor or memory):
+        return
+    for raw in lines:
+        line = raw[:MAX_LINE]
+        if port:
+            if not ev.port_code_sign and ("tcp" in line or "MASTER_PORT" in line) and _PORT_CODE.search(line):
+                ev.port_code_sign = line.strip()[:_KEPT]
+            if not ev.port_launcher_sign and ("torchrun" in line or "distributed" in line or "accelerate" in line
+                                              or "--ma" in line or "deepspeed" in line) and _PORT_LAUNCHER.search(line):
+                ev.port_launcher_sign = line.strip()[:_KEPT]
+            if not ev.plain_python and "python" in line and ".py" in line and _PLAIN_PY.match(line):
+                ev.plain_python = line.strip()[:_KEPT]
+        if tensor:
+            if not ev.cpu_decisive and ("device type cpu" in line or "device(type='cpu')" in line
+                                        or (".cuda()" in line and _CPU_WRAPPED.search(line))):
+                ev.cpu_decisive = line.strip()[:_KEPT]
+            if not ev.sparse_sign and "parse" in line and _SPARSE_SIGN.search(line):
+                ev.sparse_sign = line.strip()[:_KEPT]
+        if memory:
+            if not ev.oom_shared and "CUDA out of memory" in line and "GPU 0" in line:
+                m = _OOM_RANK.match(line)
+                if len(_OOM_PROCS.findall(line)) >= 2 or (m and int(m.group(1)) != 0):
+                    ev.oom_shared = line.strip()[:_KEPT]
+            if "|" in line and (" C " in line or " G " in line or " C+G " in line):
+                m = _SMI_ROW.match(line)
+                if m and sum(len(p) for p in ev.smi_rows.values()) < _SMI_MAX:
+                    ev.smi_rows.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
+                    if m.group(1) == "0" and not ev.smi_line:
+                        ev.smi_line = line.strip()[:_KEPT]
+
+
 # A specific cause explains the lines the generic one matched: the generic is dropped when both are found.
 SUBSUMED_BY = {
-    "nccl-system-error": ("shm-too-small", "nccl-wrong-interface", "nccl-ib-network", "socket-ifname-missing",
-                          "nccl-remote-error"),
+    "nccl-system-error": ("shm-too-small", "shm-permission", "nccl-wrong-interface", "nccl-ib-network",
+                          "socket-ifname-missing", "nccl-remote-error"),
+    "shm-too-small": ("shm-permission",),
+    "dataloader-worker-exited": ("shm-too-small", "shm-permission", "host-oom"),
     "rendezvous-unreachable": ("master-host-unresolved", "nccl-wrong-interface", "slurm-tasks-mismatch"),
     "peer-closed": ("nccl-remote-error", "nccl-ib-network", "nccl-wrong-interface"),
     "store-timeout": ("slow-rank-timeout",),
@@ -597,6 +611,8 @@ def refine(lines: Sequence[str], found: dict, by_id: dict, make: Callable) -> Ev
                                       or "NET/OFI" in ev.net_last_error) else "nccl-wrong-interface"
         _rank_first(found, "nccl-remote-error", first, ev.net_last_error)
 
+    gather_more(lines, ev, port="port-in-use" in found, tensor="cpu-tensor-nccl" in found,
+                memory=not found or "cuda-oom-gpu0" in found)
     # "address already in use": the log shows who chose the port (the program's own choice wins: under any
     # launcher, a tcp:// init method or a MASTER_PORT set in code is the port the store used).
     if "port-in-use" in found:
