@@ -118,8 +118,11 @@ def test_a_generic_gpu_message_is_a_family_of_three_not_one_cause():
 
 
 def test_the_logs_evidence_reorders_the_busy_family():
+    m = found("Failed to initialize NVML: Driver/library version mismatch\n" + BUSY)
+    assert _order(m["cuda-devices-busy"])[0] == "cuda-driver-mismatch" and "version mismatch" in m["cuda-devices-busy"].meaning
+    # the driver's own message is a cause of its own: it decides alone, the family is not said beside it
     m = found("THCudaCheck FAIL error=35 : CUDA driver version is insufficient for CUDA runtime version\n" + BUSY)
-    assert _order(m["cuda-devices-busy"])[0] == "cuda-driver-mismatch" and "driver version" in m["cuda-devices-busy"].meaning
+    assert list(m) == ["cuda-driver-mismatch"]
     m = found("|   0  Tesla V100   Off  | 00000000:65:00.0 Off |   0%   Default   E. Process |\n" + BUSY)
     assert _order(m["cuda-devices-busy"])[0] == "gpu-exclusive-mode" and "E. Process" in m["cuda-devices-busy"].meaning
 
@@ -133,3 +136,125 @@ def test_who_assigned_the_gpus_reorders_the_duplicate_gpu_family():
     # the counts decide before the launcher does: enough GPUs for every process leaves the ranks' own choice
     m = found("+ CUDA_VISIBLE_DEVICES=0,1 accelerate launch --num_processes 2 --nproc_per_node=2 t.py\n" + accel + DUP)
     assert _order(m["duplicate-gpu"])[0] == "duplicate-gpu" and "enough for one each" in m["duplicate-gpu"].meaning
+
+
+# -- issue 25, third round: generic messages that were named as one cause are families unless the log decides --
+
+LISTEN = ("RuntimeError: The server socket has failed to listen on any local network address. port: 29500, "
+          "useIpv6: 0, code: -98, name: EADDRINUSE, message: address already in use")
+
+
+def test_address_in_use_says_whose_port_it_was():
+    """The launcher's port and a port the program sets itself print the same line; the log's command line and
+    traceback tell them apart, and alone the line is a family of two, each with how to tell."""
+    bare = found("RuntimeError: Address already in use")["port-in-use"]
+    assert _order(bare) == ["port-in-use", "port-in-use-in-code"] and all(len(h) > 60 for _, h in bare.candidates)
+    # a plain `python script.py` opened the store itself: the program chose 29500 (heldout2 102)
+    plain = found("CUDA_VISIBLE_DEVICES=3,4,5 python3 ./demos/cli.py --use_xdit --ulysses_degree 3\n\n" + LISTEN)
+    assert _order(plain["port-in-use"])[0] == "port-in-use-in-code" and "python3 ./demos/cli.py" in plain["port-in-use"].meaning
+    tcp = ('  File "/x/torch/distributed/rendezvous.py", line 133, in _tcp_rendezvous_handler\n'
+           "    store = TCPStore(result.hostname, result.port, world_size, start_daemon, timeout)\n"
+           "RuntimeError: Address already in use")
+    assert _order(found(tcp)["port-in-use"])[0] == "port-in-use-in-code"
+    launcher = "+ torchrun --nproc_per_node=2 --master_port=25641 tools/train.py\n" + LISTEN
+    m = found(launcher)["port-in-use"]
+    assert _order(m)[0] == "port-in-use" and "points at port-in-use" in m.meaning
+    # under a launcher, a tcp:// init method is still the program's own port
+    both = "+ torchrun --nproc_per_node=2 main.py --dist-url tcp://127.0.0.1:41947\n" + LISTEN
+    assert _order(found(both)["port-in-use"])[0] == "port-in-use-in-code"
+
+
+def test_the_reducers_newer_wording_says_find_unused_is_already_on():
+    newer = ("RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one. "
+             "This error indicates that your module has parameters that were not used in producing loss. Since "
+             "`find_unused_parameters=True` is enabled, this likely  means that not all `forward` outputs participate "
+             "in computing loss. You can fix this by making sure all `forward` function outputs participate in "
+             "calculating loss.")
+    m = found(newer)
+    assert list(m) == ["ddp-unused-already-on"] and "Since `find_unused" in m["ddp-unused-already-on"].meaning
+
+
+DENSE = "RuntimeError: Tensors must be CUDA and dense"
+
+
+def test_tensors_must_be_cuda_and_dense_is_a_family_unless_the_log_shows_the_cpu_side():
+    bare = found(DENSE)["cpu-tensor-nccl"]
+    assert _order(bare) == ["cpu-tensor-nccl", "library-version-mismatch", "sparse-tensor-nccl"]
+    for decisive in ("RuntimeError: No backend type associated with device type cpu",
+                     "    model = MMDistributedDataParallel(model).cuda()\n" + DENSE):
+        m = found(decisive)
+        assert list(m) == ["cpu-tensor-nccl"] and m["cpu-tensor-nccl"].candidates == [], decisive
+    sparse = found("    self.emb = nn.Embedding(50000, 512, sparse=True)\n" + DENSE)["cpu-tensor-nccl"]
+    assert _order(sparse)[0] == "sparse-tensor-nccl"
+
+
+def test_a_driver_older_than_the_wheels_cuda_is_its_own_cause():
+    for line in ("RuntimeError: cuda runtime error (35) : CUDA driver version is insufficient for CUDA runtime "
+                 "version at /opt/conda/conda-bld/pytorch_1524586445097/work/aten/src/THC/THCGeneral.cpp:70",
+                 "AssertionError: The NVIDIA driver on your system is too old (found version 10010)."):
+        m = found(line)
+        assert list(m) == ["cuda-driver-mismatch"], line
+        c = m["cuda-driver-mismatch"]
+        assert "nvidia-smi" in c.confirm and "torch.version.cuda" in c.confirm and "driver" in c.fix and not c.candidates
+
+
+SMI = ("> |  GPU       PID   Type   Process name                             Usage      |\n"
+       "> |    0     62250      C   /usr/bin/python3.6                          4903MiB |\n"
+       "> |    0     62251      C   /usr/bin/python3.6                           725MiB |\n"
+       "> |    0     62252      C   /usr/bin/python3.6                           725MiB |\n"
+       "> |    1     62251      C   /usr/bin/python3.6                          4903MiB |\n")
+
+
+def test_nvidia_smi_with_the_ranks_on_gpu0_names_it_without_an_error_line():
+    m = found(SMI)
+    assert list(m) == ["cuda-oom-gpu0"] and m["cuda-oom-gpu0"].candidates == []
+    assert "62251 also on another GPU" in m["cuda-oom-gpu0"].meaning and "map_location" in m["cuda-oom-gpu0"].fix
+    one_each = ("|    0   N/A  N/A     26598      C   ...da/envs/x/bin/python3     2885MiB |\n"
+                "|    1   N/A  N/A     26599      C   ...da/envs/x/bin/python3     2889MiB |\n")
+    assert found(one_each) == {}
+
+
+def test_out_of_memory_on_gpu0_alone_is_a_family_shared_gpu0_decides():
+    rank0 = ("RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 10.76 GiB total capacity; "
+             "9.81 GiB already allocated; 9.44 MiB free; 9.90 GiB reserved in total by PyTorch)")
+    assert _order(found(rank0)["cuda-oom-gpu0"]) == ["cuda-oom-gpu0", "cuda-oom"]
+    other = "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity"
+    shared = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 250.00 MiB. GPU 0 has a total capacity of "
+              "23.64 GiB of which 51.06 MiB is free. Process 2201 has 11.80 GiB memory in use. Process 2202 has "
+              "11.78 GiB memory in use.")
+    for text in (other, shared):
+        m = found(text)
+        assert list(m) == ["cuda-oom-gpu0"] and m["cuda-oom-gpu0"].candidates == [], text
+
+
+# -- after heldout3 was scored (RESULTS.md says so): misses that were a reading of the emitters' own texts --
+
+def test_nccls_shm_open_permission_warn_decides_permission_not_size():
+    text = ("RuntimeError: NCCL error in ProcessGroupNCCL.cpp:290, unhandled system error\n"
+            "h:1:2 [0] include/shm.h:27 NCCL WARN Call to shm_open failed : Permission denied\n"
+            "h:1:2 [0] NCCL INFO include/shm.h:41 -> 2\n"
+            "h:1:2 [0] include/shm.h:48 NCCL WARN Error while creating shared memory segment nccl-shm-recv-b79-0-3-0 "
+            "(size 4460544)\n")
+    assert list(found(text)) == ["shm-permission"]
+    assert list(found(text.replace("Permission denied", "No space left on device"))) == ["shm-too-small"]
+
+
+def test_syncbn_outside_ddp_is_the_single_process_reading():
+    m = found("raise AttributeError('SyncBatchNorm is only supported within torch.nn.parallel.DistributedDataParallel')")
+    assert list(m) == ["syncbn-single-process"] and "BatchNorm" in m["syncbn-single-process"].fix
+
+
+def test_both_wordings_of_the_missing_libuv():
+    for line in ("RuntimeError: use_libuv was requested but PyTorch was build without libuv support",
+                 "torch.distributed.DistStoreError: use_libuv was requested but PyTorch was built without libuv "
+                 "support, run with USE_LIBUV=0 to disable it."):
+        assert list(found(line)) == ["tcpstore-no-libuv"], line
+
+
+def test_a_dataloader_worker_that_exited_is_a_family_unless_the_log_says_how():
+    bare = found("RuntimeError: DataLoader worker (pid 7948) exited unexpectedly with exit code 1")
+    assert list(bare) == ["dataloader-worker-exited"]
+    assert _order(bare["dataloader-worker-exited"]) == ["shm-too-small", "host-oom", "dataloader-worker-error"]
+    killed = ("RuntimeError: DataLoader worker (pid 25) is killed by signal: Killed.\n"
+              "RuntimeError: DataLoader worker (pid(s) 25) exited unexpectedly")
+    assert list(found(killed)) == ["host-oom"]

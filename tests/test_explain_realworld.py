@@ -111,8 +111,47 @@ def test_second_heldout_set_is_new():
 
 def test_the_second_held_out_set_keeps_its_score():
     """Scored once, after the generic GPU messages became families (RESULTS.md): 19 of 27 right, 1 partial,
-    3 wrong (102, 109, 118), 4 unknown. It may not fall, and no other case may become wrong."""
+    3 wrong (102, 109, 118), 4 unknown. Worked on after it was seen (whose port, the reducer's newer wording, the
+    bare 'Tensors must be CUDA and dense' as a family, the driver's own message, nvidia-smi's table): 25 right,
+    2 partial, none wrong. It may not fall back, and no case may become wrong."""
     results = score.run(SECOND)
     wrong = {c["id"] for c, _, o in results if o == "wrong"}
-    assert wrong <= {"102", "109", "118"}, sorted(wrong)
-    assert [o for _, _, o in results].count("right") >= 19, [(c["id"], o) for c, _, o in results if o != "right"]
+    assert not wrong, sorted(wrong)
+    assert [o for _, _, o in results].count("right") >= 25, [(c["id"], o) for c, _, o in results if o != "right"]
+
+
+THIRD = score.load_cases(os.path.join(os.path.dirname(score.__file__), "heldout3"))
+_LOOPBACK_OR_ANY = re.compile(r"\b(?:127\.\d{1,3}\.\d{1,3}\.\d{1,3}|0\.0\.0\.0)\b")
+
+
+def test_third_heldout_set_is_new():
+    """The third held-out set (issue 25, after heldout2 was seen): at least 25 real logs, one per thread, none from
+    a thread of the earlier sets or of the older corpus, each labelled and scrubbed of addresses (loopback and
+    0.0.0.0 stay: they name no one and are the evidence)."""
+    assert len(THIRD) >= 25
+    sources = [c["source"] for c in THIRD]
+    assert len(set(sources)) == len(sources), "one log per thread"
+    assert not {s.lower() for s in sources} & {c["source"].lower() for c in CASES + SECOND}
+    old_table = os.path.join(os.path.dirname(os.path.abspath(__file__)), "explain_corpus", "cases.tsv")
+    with open(old_table, encoding="utf-8") as f:
+        old = {line.split("\t")[8].replace("#", "/").lower() for line in f.read().splitlines()[1:]}
+    ours = {re.sub(r"https://github\.com/|/(?:issues|pull)(?=/)", "", s).lower() for s in sources}
+    assert not ours & old
+    for case in THIRD:
+        assert case["half"] == "heldout" and case["added"] == "heldout3", case
+        assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+", case["source"]), case
+        assert re.fullmatch(r"[a-z0-9-]+", case["expect"]), case
+        text = _LOOPBACK_OR_ANY.sub("", score.read_log(case))
+        assert text.strip(), case["file"]
+        assert not re.search(r"\b(?:\d{1,3}\.){3}\d{1,3}\b", text), f"{case['file']}: an address left in"
+
+
+def test_the_third_held_out_set_keeps_its_score():
+    """Scored once, after the second set's misses became families (RESULTS.md): 18 of 27 right, 1 partial, 2 wrong
+    (202, 218), 6 unknown: that is its held-out score. Fixed after it was seen (NCCL's shm_open permission WARN, SyncBN
+    outside DDP, libuv's newer wording, a DataLoader worker that exited as a family): 22 right, 1 partial, none
+    wrong. It may not fall back, and no case may become wrong."""
+    results = score.run(THIRD)
+    wrong = {c["id"] for c, _, o in results if o == "wrong"}
+    assert not wrong, sorted(wrong)
+    assert [o for _, _, o in results].count("right") >= 22, [(c["id"], o) for c, _, o in results if o != "right"]

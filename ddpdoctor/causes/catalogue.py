@@ -253,6 +253,17 @@ CAUSES: tuple = (
           "ddpdoctor explain --here",
           "install a PyTorch build whose CUDA version supports the GPU (pick the +cuXXX wheel from "
           "pytorch.org for that GPU), or build from source for an old GPU"),
+    Cause("cuda-driver-mismatch", "the NVIDIA driver is older than the CUDA this torch was built with",
+          (r"CUDA driver version is insufficient for CUDA runtime version",
+           r"The NVIDIA driver on your system is too old"),
+          "The CUDA runtime inside the torch wheel (torch.version.cuda) needs a newer NVIDIA driver than the "
+          "one installed: each driver supports CUDA up to the version nvidia-smi prints as 'CUDA Version'. "
+          "Every rank fails at its first CUDA call; nothing distributed is at fault.",
+          "nvidia-smi (the 'Driver Version' and the highest 'CUDA Version' it supports) against "
+          "python -c 'import torch; print(torch.version.cuda)'; ddpdoctor explain --here",
+          "update the NVIDIA driver to one that supports torch.version.cuda (then reboot), or install the "
+          "torch wheel built for the CUDA the driver supports (pip install torch --index-url "
+          "https://download.pytorch.org/whl/cuXXX)"),
     Cause("nccl-library-mismatch", "torch loads an NCCL it was not built with",
           (r"undefined symbol: (nccl\w+)",),
           "libtorch_cuda.so needs an NCCL function that the libnccl.so.2 it loaded does not have: a second "
@@ -270,7 +281,7 @@ CAUSES: tuple = (
           "use backend='gloo' on Windows/macOS (or run under Linux/WSL2 for NCCL); on Linux install a CUDA "
           "build of PyTorch"),
     Cause("tcpstore-no-libuv", "TCPStore asked for libuv, which this build lacks (Windows)",
-          (r"use_libuv was requested but PyTorch was build without libuv support",),
+          (r"use_libuv was requested but PyTorch was buil[dt] without libuv support",),
           "Since PyTorch 2.4 the rendezvous store uses libuv by default, but the Windows wheels are built "
           "without it, so torchrun/accelerate fail before any rank starts.",
           "python -c 'import torch; print(torch.__version__)' (2.4+ on Windows)",
@@ -384,11 +395,26 @@ CAUSES: tuple = (
           (r"No backend type associated with device type cpu",
            r"Tensors must be CUDA and dense",
            r"module parameters \{device\(type='cpu'\)\}"),
-          "NCCL only moves CUDA tensors: a collective got a CPU tensor (a flag or length created without "
-          "device=), or DistributedDataParallel got device_ids for a model still on the CPU.",
-          "the traceback names the collective; print(tensor.device) just before it",
+          "NCCL only moves dense CUDA tensors: a collective got a CPU tensor (a flag or length created without "
+          "device=), or DistributedDataParallel got a model still on the CPU (wrapped before .cuda(), or "
+          "device_ids given for a CPU model). The bare 'Tensors must be CUDA and dense' is also printed for a "
+          "sparse tensor, and comes up when a torch or extension build does not work on this GPU, so the code "
+          "falls back to CPU tensors that worked elsewhere.",
+          "the traceback names the collective; print(tensor.device, tensor.is_sparse) just before it; "
+          "python -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_arch_list())'",
           "create the tensor on the rank's GPU (device=f'cuda:{local_rank}') or move the model there before "
-          "DDP; for CPU-side collectives init with backend='cpu:gloo,cuda:nccl' (or a gloo group)"),
+          "DDP; for CPU-side collectives init with backend='cpu:gloo,cuda:nccl' (or a gloo group)",
+          candidates=(
+              ("cpu-tensor-nccl", "the tensor or module the traceback names is on the CPU (print .device; a "
+                                  "model wrapped in DDP before .cuda()): move it to the rank's GPU, or use a "
+                                  "gloo group for CPU tensors"),
+              ("library-version-mismatch", "the same code runs on other machines and every tensor is meant for "
+                                           "the GPU: this torch (or a CUDA extension) build does not fit this GPU "
+                                           "or library set (torch.cuda.get_arch_list() lacks the GPU's sm_XX); "
+                                           "install the versions the project pins for this GPU"),
+              ("sparse-tensor-nccl", "the tensor is sparse (nn.Embedding(sparse=True), a sparse gradient): "
+                                     "tensor.is_sparse is True; use dense gradients or the gloo backend for "
+                                     "it"))),
     Cause("ddp-reentrant-checkpoint", "a parameter marked ready twice (reentrant checkpointing)",
           (r"Expected to mark a variable ready only once", r"has been marked as ready twice"),
           "DDP saw a second gradient for the same parameter in one iteration: almost always reentrant "
@@ -421,13 +447,31 @@ CAUSES: tuple = (
           "emptyDir with medium: Memory mounted on /dev/shm; or fewer DataLoader workers"),
     Cause("shm-permission", "/dev/shm is not writable",
           (r"unable to open shared memory object <[^>]*> in read-write mode: Permission denied",
-           r"Permission denied: '/dev/shm"),
-          "Python multiprocessing (DataLoader workers' queues and locks) and torch's shared tensors create "
-          "files in /dev/shm; here the process may not write there (mounted 755, missing in a sandbox), so "
-          "the semaphore creation fails with Errno 13. This is permission, not size.",
+           r"Permission denied: '/dev/shm",
+           r"Call to shm_open failed : Permission denied"),
+          "Python multiprocessing (DataLoader workers' queues and locks), torch's shared tensors and NCCL's "
+          "shared-memory transport create files in /dev/shm; here the process may not write there (mounted "
+          "755, missing in a sandbox), so the semaphore creation fails with Errno 13, or NCCL's shm_open is "
+          "denied and its segment cannot be created. This is permission, not size.",
           "ls -ld /dev/shm (expect drwxrwxrwt); ddpdoctor explain --here",
           "make /dev/shm a writable tmpfs with mode 1777 (mount -t tmpfs -o mode=1777 tmpfs /dev/shm; in a "
           "container bind one), or run the loader with num_workers=0"),
+    Cause("dataloader-worker-exited", "a DataLoader worker exited: one of three causes",
+          (r"DataLoader worker \(pid(?:\(s\))? [\d, ]{1,200}\) exited unexpectedly",),
+          "A DataLoader worker process died and the main process only saw it go (torch/utils/data/"
+          "dataloader.py). The line is the same for several causes: shared memory ran out (containers get "
+          "64 MB of /dev/shm), the host's OOM killer took the worker, or the worker itself crashed (an "
+          "exception in a native library, a segfault) and its error was lost.",
+          "df -h /dev/shm; dmesg -T | grep -i -e oom -e killed; rerun with num_workers=0 (the worker's own "
+          "error then shows in the main process)",
+          "the fix of the candidate the checks point at (see the candidates)",
+          candidates=(
+              ("shm-too-small", "in a container, /dev/shm is small (df -h /dev/shm shows 64M) or a bus error comes "
+                                "with it: docker run --shm-size=8g (or --ipc=host), or fewer workers"),
+              ("host-oom", "dmesg names the OOM killer and the worker's pid ('Killed', exit -9): fewer workers or "
+                           "ranks per node, smaller prefetch, or more RAM"),
+              ("dataloader-worker-error", "neither: with num_workers=0 the dataset's own error (or a crash in a "
+                                          "native library it calls) shows in the main process; fix that"))),
     Cause("host-oom", "killed by the host's out-of-memory killer",
           (r"is killed by signal: Killed",
            r"oom[-_]kill event",
@@ -463,10 +507,11 @@ CAUSES: tuple = (
           "TORCH_DISTRIBUTED_DEBUG=INFO names the parameters; check where they are used",
           "freeze them (requires_grad=False before wrapping in DDP) or remove the unused module; or make them "
           "take part in the loss (even times zero)"),
-    Cause("syncbn-single-process", "SyncBatchNorm without a process group",
-          (),
-          "A model with SyncBatchNorm (or a config with SyncBN) ran in a single process: SyncBatchNorm asks for "
-          "the world size and there is no default process group.",
+    Cause("syncbn-single-process", "SyncBatchNorm without a process group (outside DDP)",
+          (r"SyncBatchNorm is only supported within torch\.nn\.parallel\.DistributedDataParallel",),
+          "A model with SyncBatchNorm (or a config with SyncBN) ran in a single process or outside "
+          "DistributedDataParallel (one GPU, DataParallel, a test script): SyncBatchNorm asks for the world "
+          "size and there is no default process group, or (older torch) it refuses outside DDP.",
           "the traceback goes through batchnorm.py (SyncBatchNorm.forward) into get_world_size",
           "for single-process runs use plain BatchNorm (norm_cfg type 'BN'; choose the layer by world size) "
           "or create a world_size=1 process group"),
@@ -484,13 +529,28 @@ CAUSES: tuple = (
               ("syncbn-single-process", "the traceback passes through SyncBatchNorm (batchnorm.py, SyncBN in "
                                         "the config) in a single process: use BatchNorm there"))),
 
-    Cause("port-in-use", "address already in use",
+    Cause("port-in-use", "address already in use: the launcher's port, or one the program sets itself",
           (r"EADDRINUSE", r"[Aa]ddress already in use"),
-          "The rendezvous port (MASTER_PORT, --master-port, 29500 by default) is held by another process, "
-          "often a previous job that did not exit or a second job on the same node.",
-          "ddpdoctor check --only port",
-          "pick a free port (torchrun --master-port 0 / --standalone, or export MASTER_PORT) or stop the "
-          "process that holds it"),
+          "The port the job's store listens on is held by another process: a previous run that did not exit, "
+          "a second job on the node, another user. Two places choose that port and print the same line: the "
+          "launcher (MASTER_PORT, --master-port, 29500 by default; torchrun's agent, accelerate, deepspeed) or "
+          "the program itself (init_method='tcp://host:PORT', os.environ['MASTER_PORT'] = ... in its code or "
+          "config), which an exported MASTER_PORT or --master-port does not change.",
+          "ddpdoctor check --only port (names the process holding it); grep the code and its config for the "
+          "port number and for init_method / MASTER_PORT",
+          "stop the process that holds the port, or give the job a free one where the port is chosen: "
+          "--master-port / MASTER_PORT (torchrun --master-port 0 or --standalone) for the launcher's; the "
+          "code or config (read it from the environment: os.environ.setdefault('MASTER_PORT', ...)) for "
+          "the program's own",
+          candidates=(
+              ("port-in-use", "the launcher opens the store (torchrun, python -m torch.distributed.launch, "
+                              "accelerate, deepspeed; env:// in the traceback, --master-port on the command "
+                              "line): another job holds MASTER_PORT; ss -ltnp | grep :PORT, then a free "
+                              "--master-port"),
+              ("port-in-use-in-code", "the program chooses the address itself (init_method='tcp://...:PORT', "
+                                      "--dist-url, MASTER_PORT set in its code or config, a plain 'python x.py' "
+                                      "that opens the store): a new MASTER_PORT changes nothing; change the port "
+                                      "where the code sets it"))),
     Cause("gloo-connect-full-mesh", "gloo could not connect the ranks to each other",
           (r"Gloo connectFullMesh failed",
            # Anchored at the line's first pair.cc and a bounded gap: no backtracking on long lines.
@@ -618,7 +678,6 @@ CAUSES: tuple = (
           "or DistributedSampler for uneven data)"),
     Cause("syncbn-cpu", "SyncBatchNorm on CPU or one process",
           (r"SyncBatchNorm expected input tensor to be on GPU",
-           r"SyncBatchNorm is only supported within torch\.nn\.parallel\.DistributedDataParallel",
            r"SyncBatchNorm number of input channels should be non-zero"),
           "SyncBatchNorm synchronizes statistics only for GPU (or XPU) tensors in a process group of two "
           "or more ranks; on CPU with gloo it refuses.",
@@ -629,10 +688,19 @@ CAUSES: tuple = (
     Cause("cuda-oom-gpu0", "CUDA out of memory on GPU 0",
           (r"^(?:(?!CUDA out of memory\.).)*CUDA out of memory\..*GPU 0[ ;]",),
           "Every rank allocating on GPU 0 fills it: tensors created with device='cuda' before "
-          "set_device, or torch.load of a checkpoint saved on cuda:0 without map_location.",
-          "ddpdoctor check --only process-group (memory held on a GPU that is not the rank's own)",
+          "set_device, or torch.load of a checkpoint saved on cuda:0 without map_location. (An out-of-memory "
+          "on GPU 0 alone can also be rank 0's own work not fitting its GPU: see the candidates.)",
+          "ddpdoctor check --only process-group (memory held on a GPU that is not the rank's own); "
+          "nvidia-smi while it runs (the processes on GPU 0)",
           "torch.cuda.set_device(local_rank) first, and torch.load(path, map_location='cpu') (or "
-          "map_location=f'cuda:{local_rank}')"),
+          "map_location=f'cuda:{local_rank}')",
+          candidates=(
+              ("cuda-oom-gpu0", "nvidia-smi lists several of the job's processes on GPU 0 (the message lists "
+                                "other processes' memory, or a rank other than 0 reports GPU 0): every rank "
+                                "touches GPU 0; set_device first, torch.load(..., map_location='cpu')"),
+              ("cuda-oom", "only rank 0's own process is on GPU 0 and its memory grew to the GPU's size: the "
+                           "model, batch or activations do not fit; a smaller batch, mixed precision, "
+                           "activation checkpointing, or sharding (FSDP/ZeRO)"))),
     Cause("teardown-abort", "a finished job aborted at interpreter exit (a torch/gloo exit bug)",
           (r"terminate called without an active exception",),
           "The job's work finished; {rank} aborted during interpreter teardown: a torch/gloo exit bug, not a "

@@ -30,10 +30,10 @@ from ddpdoctor.causes.versions import version_facts
 from ddpdoctor.system.redact import shorten
 from ddpdoctor.system.stackframes import is_user, shown_path
 
-__all__ = ["AREA", "DERIVED", "Evidence", "gather", "refine"]
+__all__ = ["AREA", "DERIVED", "Evidence", "gather", "gather_more", "refine"]
 
 # Causes with no line pattern of their own: only this pass finds them, from the evidence around another match.
-DERIVED = ("slow-rank-timeout", "ddp-unused-already-on", "syncbn-single-process", "torch-distributed-error",
+DERIVED = ("slow-rank-timeout", "ddp-unused-already-on", "torch-distributed-error",
            "accelerate-error")
 # Families by the source file an NCCL WARN or a gloo enforce names (catalogue's last entries).
 AREA = ("nccl-warn-ib", "nccl-warn-network", "nccl-warn-cuda", "nccl-warn", "gloo-enforce", "torch-distributed-error",
@@ -86,6 +86,26 @@ _EXCLUSIVE_SIGN = re.compile(r"Exclusive_Process|E\. Process|EXCLUSIVE_PROCESS|e
 _ACCELERATE_SIGN = re.compile(r"Distributed environment: MULTI_GPU|accelerate launch|/accelerate/")
 _RAY_SIGN = re.compile(r"\bray(?:\.exceptions|::| start|_pkg|/session_)|\bRay(?:Worker|Actor|Task)|\(\w+ pid=\d+\)")
 _BAR = re.compile(r"\d%\|")  # a tqdm bar: "35%|####"
+# Which port "address already in use" was about: one the program chose (a tcp:// init method, MASTER_PORT set in
+# code, a plain `python x.py` that opens the store itself) or the launcher's (torchrun, launch, accelerate,
+# deepspeed, env:// rendezvous, --master-port).
+_PORT_CODE = re.compile(r"_tcp_rendezvous_handler|init_method\s*=\s*['\"]?tcp://|--(?:dist[-_]url|init[-_]method)[= ]"
+                        r"['\"]?tcp://|\btcp://[\w.\-]{1,100}:\d{2,5}|os\.environ\[['\"]MASTER_PORT['\"]\]\s*=")
+_PORT_LAUNCHER = re.compile(r"\btorchrun\b|torch\.distributed\.(?:launch|run|elastic)\b|/distributed/(?:elastic|launcher)/|"
+                            r"\baccelerate(?:-launch| launch)\b|--master[-_]port|--main[-_]process[-_]port|"
+                            r"_env_rendezvous_handler|\bdeepspeed(?:\.launcher\b|\s)")
+_PLAIN_PY = re.compile(r"^\s{0,8}(?:[>$#+]\s{0,4})?(?:[A-Za-z_]\w{0,60}=\S{0,200}\s+){0,8}python[\d.]{0,6}\s+(?:-u\s+)?"
+                       r"(?!-m\b)\S{1,300}\.py\b")
+# "Tensors must be CUDA and dense": what the log shows about the tensor.
+_CPU_WRAPPED = re.compile(r"DistributedDataParallel\([^()]{0,200}\)\.cuda\(\)")
+_SPARSE_SIGN = re.compile(r"sparse=True|\.is_sparse|Sparse(?:CUDA|CPU)\b|sparse_coo_tensor|to_sparse\(")
+# Out of memory on GPU 0 shared by several processes: the allocator lists each ("Process 2201 has 11.80 GiB memory
+# in use"), or a rank other than 0 reports GPU 0.
+_OOM_PROCS = re.compile(r"Process \d{1,9} has ")
+_OOM_RANK = re.compile(r"^\s*\[(?:rank|default)(\d{1,9})\]")
+# nvidia-smi's process table: "|    0     62250      C   /usr/bin/python3.6     4903MiB |" (GI/CI columns since 450).
+_SMI_ROW = re.compile(r"^\W{0,4}\|\s+(\d{1,2})\s+(?:N/A\s+N/A\s+)?(\d{1,9})\s+(?:C\+G|C|G)\s+\S")
+_SMI_MAX = 4096  # rows kept: bounded memory on any log
 _TB_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 # ddpdoctor's own errors: the cause and the exception names that stand for it.
 _OWN_ERRORS = {"ddpdoctor-desync": ("DesyncError",),
@@ -145,6 +165,14 @@ class Evidence:
     exclusive_sign: str = ""  # the GPUs are in exclusive-process compute mode
     accelerate_sign: str = ""  # accelerate assigned the devices (its state lines)
     ray_sign: str = ""        # Ray workers assigned the devices
+    port_code_sign: str = ""  # the program chose the port (tcp:// init, MASTER_PORT set in code)
+    port_launcher_sign: str = ""  # a launcher opened the store (torchrun, env://, --master-port)
+    plain_python: str = ""    # a command line running a script with plain python, no launcher
+    cpu_decisive: str = ""    # a line that says the tensor or model is on the CPU
+    sparse_sign: str = ""     # a sparse tensor in the log
+    oom_shared: str = ""      # an out-of-memory on GPU 0 listing several processes, or from a rank other than 0
+    smi_rows: dict = field(default_factory=dict)  # nvidia-smi's process table: GPU index -> set of PIDs
+    smi_line: str = ""        # its first row on GPU 0
 
 
 def gather(lines: Sequence[str]) -> Evidence:
@@ -169,9 +197,12 @@ def gather(lines: Sequence[str]) -> Evidence:
             m = _VISIBLE.search(line)
             if m:
                 ev.visible_gpus = len([d for d in m.group(1).split(",") if d])
-        if ("find_unused_parameters" in line and "keyword argument" not in line
-                and "`find_unused" not in line and _FIND_UNUSED_ON.search(line)):
-            ev.find_unused_on = ev.find_unused_on or line.strip()[:_KEPT]
+        if "find_unused_parameters" in line:
+            if "keyword argument" not in line and "`find_unused" not in line and _FIND_UNUSED_ON.search(line):
+                ev.find_unused_on = ev.find_unused_on or line.strip()[:_KEPT]
+            elif not ev.find_unused_on and "Since `find_unused_parameters=True` is enabled" in line:
+                # the reducer's newer wording says the setting is on: keep the words that say so
+                ev.find_unused_on = line[line.index("Since `find_unused"):].strip()[:_KEPT]
         if not ev.syncbn and ("batchnorm.py" in line or "sync_bn" in line or "SyncB" in line) \
                 and _SYNCBN_FRAME.search(line):
             ev.syncbn = True
@@ -267,10 +298,47 @@ def gather(lines: Sequence[str]) -> Evidence:
     return ev
 
 
+def gather_more(lines: Sequence[str], ev: Evidence, port: bool, tensor: bool, memory: bool) -> None:
+    """A second pass, only when a cause in play needs it (most logs never pay for it): who chose the port of
+    "address already in use" (``port``), what the log shows of a tensor NCCL refused (``tensor``), and GPU 0
+    shared by several processes (``memory``: the out-of-memory line, nvidia-smi's process table)."""
+    if not (port or tensor or memory):
+        return
+    for raw in lines:
+        line = raw[:MAX_LINE]
+        if port:
+            if not ev.port_code_sign and ("tcp" in line or "MASTER_PORT" in line) and _PORT_CODE.search(line):
+                ev.port_code_sign = line.strip()[:_KEPT]
+            if not ev.port_launcher_sign and ("torchrun" in line or "distributed" in line or "accelerate" in line
+                                              or "--ma" in line or "deepspeed" in line) and _PORT_LAUNCHER.search(line):
+                ev.port_launcher_sign = line.strip()[:_KEPT]
+            if not ev.plain_python and "python" in line and ".py" in line and _PLAIN_PY.match(line):
+                ev.plain_python = line.strip()[:_KEPT]
+        if tensor:
+            if not ev.cpu_decisive and ("device type cpu" in line or "device(type='cpu')" in line
+                                        or (".cuda()" in line and _CPU_WRAPPED.search(line))):
+                ev.cpu_decisive = line.strip()[:_KEPT]
+            if not ev.sparse_sign and "parse" in line and _SPARSE_SIGN.search(line):
+                ev.sparse_sign = line.strip()[:_KEPT]
+        if memory:
+            if not ev.oom_shared and "CUDA out of memory" in line and "GPU 0" in line:
+                m = _OOM_RANK.match(line)
+                if len(_OOM_PROCS.findall(line)) >= 2 or (m and int(m.group(1)) != 0):
+                    ev.oom_shared = line.strip()[:_KEPT]
+            if "|" in line and (" C " in line or " G " in line or " C+G " in line):
+                m = _SMI_ROW.match(line)
+                if m and sum(len(p) for p in ev.smi_rows.values()) < _SMI_MAX:
+                    ev.smi_rows.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
+                    if m.group(1) == "0" and not ev.smi_line:
+                        ev.smi_line = line.strip()[:_KEPT]
+
+
 # A specific cause explains the lines the generic one matched: the generic is dropped when both are found.
 SUBSUMED_BY = {
-    "nccl-system-error": ("shm-too-small", "nccl-wrong-interface", "nccl-ib-network", "socket-ifname-missing",
-                          "nccl-remote-error"),
+    "nccl-system-error": ("shm-too-small", "shm-permission", "nccl-wrong-interface", "nccl-ib-network",
+                          "socket-ifname-missing", "nccl-remote-error"),
+    "shm-too-small": ("shm-permission",),
+    "dataloader-worker-exited": ("shm-too-small", "shm-permission", "host-oom"),
     "rendezvous-unreachable": ("master-host-unresolved", "nccl-wrong-interface", "slurm-tasks-mismatch"),
     "peer-closed": ("nccl-remote-error", "nccl-ib-network", "nccl-wrong-interface"),
     "store-timeout": ("slow-rank-timeout",),
@@ -278,6 +346,7 @@ SUBSUMED_BY = {
     "no-default-process-group": ("syncbn-single-process",),
     "ddp-unused-parameters": ("ddp-unused-already-on",),
     "duplicate-gpu": ("more-ranks-than-gpus",),
+    "cuda-devices-busy": ("cuda-driver-mismatch",),
 }
 # killed-by-signal is redundant only next to the cause its signal stands for.
 _SIGNAL_OWNER = {"SIGKILL": "host-oom", "SIGBUS": "shm-too-small"}
@@ -541,6 +610,43 @@ def refine(lines: Sequence[str], found: dict, by_id: dict, make: Callable) -> Ev
         first = "nccl-ib-network" if ("NET/IB" in ev.net_last_error or "ibv_" in ev.net_last_error
                                       or "NET/OFI" in ev.net_last_error) else "nccl-wrong-interface"
         _rank_first(found, "nccl-remote-error", first, ev.net_last_error)
+
+    gather_more(lines, ev, port="port-in-use" in found, tensor="cpu-tensor-nccl" in found,
+                memory=not found or "cuda-oom-gpu0" in found)
+    # "address already in use": the log shows who chose the port (the program's own choice wins: under any
+    # launcher, a tcp:// init method or a MASTER_PORT set in code is the port the store used).
+    if "port-in-use" in found:
+        if ev.port_code_sign:
+            _rank_first(found, "port-in-use", "port-in-use-in-code", ev.port_code_sign)
+        elif ev.port_launcher_sign:
+            _rank_first(found, "port-in-use", "port-in-use", ev.port_launcher_sign)
+        elif ev.plain_python:
+            _rank_first(found, "port-in-use", "port-in-use-in-code", ev.plain_python)
+    # "Tensors must be CUDA and dense": a line showing the CPU tensor or model decides; else the family, reordered.
+    if "cpu-tensor-nccl" in found:
+        if ev.cpu_decisive:
+            found["cpu-tensor-nccl"].decided = True
+            if ev.cpu_decisive not in found["cpu-tensor-nccl"].evidence:
+                note("cpu-tensor-nccl", f"The log shows the CPU side: '{shorten(ev.cpu_decisive, 120)}'.")
+        elif ev.sparse_sign:
+            _rank_first(found, "cpu-tensor-nccl", "sparse-tensor-nccl", ev.sparse_sign)
+        elif "cuda-arch-unsupported" in found:
+            _rank_first(found, "cpu-tensor-nccl", "library-version-mismatch", found["cuda-arch-unsupported"].evidence)
+    # nvidia-smi's table with the job's processes on GPU 0 and on their own GPUs: every rank opened GPU 0.
+    # Several processes on GPU 0, at least one of them also on another GPU (a rank whose own GPU is not 0).
+    gpu0 = sorted(ev.smi_rows.get(0, ()))
+    also = [p for p in gpu0 if any(p in pids for g, pids in ev.smi_rows.items() if g)]
+    if len(gpu0) >= 2 and also and (not found or "cuda-oom-gpu0" in found):
+        m = add("cuda-oom-gpu0", ev.smi_line)
+        if m is not None:
+            m.decided = True
+            shown = ", ".join(str(p) for p in gpu0[:6]) + (", ..." if len(gpu0) > 6 else "")
+            note("cuda-oom-gpu0", f"nvidia-smi in this log lists processes {shown} on GPU 0, and {also[0]} also on "
+                                  "another GPU: the ranks hold memory on GPU 0 besides their own GPU.")
+    # Out of memory on GPU 0: several processes there, or a rank other than 0 on it, decide; alone, a family.
+    if "cuda-oom-gpu0" in found and ev.oom_shared:
+        found["cuda-oom-gpu0"].decided = True
+        note("cuda-oom-gpu0", f"The log shows GPU 0 shared: '{shorten(ev.oom_shared, 120)}'.")
 
     # An exception torch.distributed or accelerate raised itself, when nothing else explains the log.
     if not found:

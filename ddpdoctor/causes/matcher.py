@@ -33,6 +33,7 @@ class Match:
     extra: str = ""
     groups: dict = field(default_factory=dict)  # the first match's named groups: fill ``{name}`` in the text
     ranked: list = field(default_factory=list)  # a family's candidates as the log's evidence ordered them
+    decided: bool = False  # the log's evidence decided a family: it is named as its one cause
 
     def to_dict(self) -> dict:
         doc = {"id": self.cause.id, "title": self.cause.title, "ranks": sorted(self.ranks),
@@ -44,8 +45,9 @@ class Match:
 
     @property
     def candidates(self) -> list:
-        """A family's candidate causes, likeliest first, as (id, how to tell); empty for a single cause."""
-        return list(self.ranked or self.cause.candidates)
+        """A family's candidate causes, likeliest first, as (id, how to tell); empty for a single cause, and
+        for a family the log's evidence decided (``decided``)."""
+        return [] if self.decided else list(self.ranked or self.cause.candidates)
 
     @property
     def meaning(self) -> str:
