@@ -34,6 +34,8 @@ class Cause:
         candidates: for a generic message that several causes print alike (a family): the causes it may
             be, commonest first, each as ``(cause id, how to tell it from the others)``; ``explain`` reorders
             them when the log holds evidence and names the family, not a single cause.
+        undecided: what the message means while the log does not decide the family (``meaning`` is then the
+            reading the evidence settled on); empty: ``meaning`` serves both.
     """
 
     id: str
@@ -44,6 +46,7 @@ class Cause:
     fix: str
     from_ranks: bool = False
     candidates: tuple = ()
+    undecided: str = ""
 
     def compiled(self) -> list:
         return [re.compile(p) for p in self.patterns]
@@ -175,16 +178,37 @@ CAUSES: tuple = (
               ("gpu-held-by-other-process", "nvidia-smi lists another job's (or an earlier run's stale) process on "
                                             "the GPU before this job starts: wait for it, stop it, or pick a free "
                                             "GPU with CUDA_VISIBLE_DEVICES"))),
-    Cause("spawn-pickle", "spawn cannot pickle a local function or lambda",
+    Cause("spawn-pickle", "spawn cannot pickle what it sends to the new process",
           (r"Can't pickle local object '",
            r"Can't pickle <(?:function|lambda)",
            r"Can't get local object '"),
           "torch.multiprocessing.spawn, DataLoader workers under the spawn start method (the default on "
           "Windows and macOS) and mp.set_start_method('spawn') send the target and its arguments to the new "
-          "process by pickling; a function defined inside another function, a lambda or a closure cannot be pickled.",
-          "the object named in the message is a nested function or a lambda",
-          "define the function at module level (or use functools.partial of one), keep the entry point under "
-          "if __name__ == '__main__':, or use the fork start method on Linux"),
+          "process by pickling (Lightning's ddp_spawn pickles the whole model and its callbacks); a function "
+          "defined inside another function, a lambda or a closure cannot be pickled, nor can locks, generators, "
+          "open files or views such as dict_keys held by the model, the dataset or a callback.",
+          "the object named in the message: a nested function, a lambda, or the attribute holding the object",
+          "define the function at module level (or use functools.partial of one), make the object picklable "
+          "(list(d.keys()) for dict_keys; no locks, generators or open files as attributes), keep the entry point "
+          "under if __name__ == '__main__':, or launch with torchrun (Lightning: strategy='ddp', not ddp_spawn) "
+          "or the fork start method on Linux"),
+    Cause("pickle-error", "an object could not be pickled: sent to a new process, or saved or copied",
+          (r"cannot pickle '[\w.]{1,100}' object",
+           r"can't pickle [\w.]{1,100} objects"),
+          "Python could not pickle an object (a lock, a generator, dict_keys, an open file, a CUDA stream). In "
+          "distributed training two things pickle: starting processes with spawn (mp.spawn, Lightning's ddp_spawn, "
+          "DataLoader workers on Windows and macOS) sends the model, the dataset and their attributes to each new "
+          "process; torch.save of a whole object and copy.deepcopy (an EMA copy, a callback) pickle it too.",
+          "the traceback: multiprocessing's reduction.py (ForkingPickler) or spawn.py means a new process; "
+          "torch/serialization.py or copy.py means a save or a copy",
+          "the fix of the candidate the traceback points at (see the candidates)",
+          candidates=(
+              ("spawn-pickle", "the traceback goes through multiprocessing (reduction.py's ForkingPickler, "
+                               "popen_spawn, spawn.py) or the job uses ddp_spawn / DataLoader workers under spawn: "
+                               "make the object picklable or launch with torchrun (strategy='ddp')"),
+              ("checkpoint-pickle", "the traceback goes through torch/serialization.py (torch.save) or copy.py "
+                                    "(deepcopy of the model for EMA, a callback): save the state_dict, not the "
+                                    "object, or drop the attribute that holds it"))),
     Cause("nvls-fabric-manager", "NVLink SHARP (NVLS) setup failed: the fabric manager",
           (r"transport/nvls\.cc:\d+ NCCL WARN Cuda failure",),
           "NCCL's NVLink SHARP transport (H100/H200/H800 with NVSwitch) could not create its multicast "
@@ -298,7 +322,7 @@ CAUSES: tuple = (
           "python -c 'import torch; print(torch.__version__)' against the project's requirements",
           "install the PyTorch version the project requires (usually newer), or update the code"),
     Cause("launcher-local-rank-arg", "the launcher passes --local-rank, the script does not accept it",
-          (r"error: unrecognized arguments: --local[-_]rank",),
+          (r"[Ee]rror: unrecognized arguments: (?:--|[\u2013\u2014]-?)local[-_]rank",),
           "python -m torch.distributed.launch appends --local-rank=N (PyTorch 2.0+; --local_rank before) to "
           "the script's arguments. A parser that declares only the other spelling, or none, rejects it and "
           "every rank exits with code 2.",
@@ -488,7 +512,16 @@ CAUSES: tuple = (
           "the timeout: that rank was busy with long work, or gone.",
           "the other ranks' last lines: long work (dataset preprocessing, loading) or an error",
           "find what the missing rank was doing; move long work out of the distributed section or raise "
-          "timeout= in init_process_group"),
+          "timeout= in init_process_group",
+          candidates=(
+              ("slow-rank-timeout", "one rank was busy with work of its own (preprocessing, loading, saving) "
+                                    "before it reached the store: its progress lines run up to the timeout; move "
+                                    "the work or raise timeout="),
+              ("peer-closed", "a rank never arrived: its own error or signal comes first in the log, or fewer "
+                              "ranks started than WORLD_SIZE (count the ranks that printed): fix or start that rank"),
+              ("rendezvous-unreachable", "several nodes, at start-up: the other nodes' store traffic is dropped (a "
+                                         "firewall, the wrong interface): nc -zv MASTER_ADDR MASTER_PORT from every "
+                                         "node; ddpdoctor check --only port"))),
     Cause("slow-rank-timeout", "timeout while one rank did long work (dataset, loading, checkpoint)",
           (),
           "One rank spent longer than the process group timeout in work of its own (tokenizing or mapping a "
@@ -567,7 +600,6 @@ CAUSES: tuple = (
            r"connect\(\) timed out", r"^RuntimeError: Connection timed out\s*$",
            r"Timed out initializing process group in store based barrier",
            r"TCP client failed to connect/validate to host",
-           r"[Cc]onnection refused",
            r"RendezvousTimeoutError|RendezvousConnectionError",
            r"Timed out after \d+ seconds waiting for clients",
            r"The client socket has failed to connect to any network address"),
@@ -577,6 +609,26 @@ CAUSES: tuple = (
           "ddpdoctor check --only port (on every node)",
           "make MASTER_ADDR an address every node can reach, open the port, and launch every node "
           "with the same --nnodes/--nproc-per-node"),
+    Cause("connection-refused", "connection refused: the store not up, a peer gone, or NCCL's interface",
+          (r"[Cc]onnection refused",),
+          "A connection was refused: nothing listened at the address and port. The line is the same for "
+          "several causes: at start-up the store on MASTER_ADDR:MASTER_PORT is not there (the master not started "
+          "yet, a wrong address or port, a firewall that rejects); later, the process that held the store or a "
+          "peer exited first; or, for NCCL's and gloo's own connections between ranks, the address they "
+          "advertised is on an interface the peer cannot reach.",
+          "ddpdoctor check --only port (on every node); the first failure in the log (torchrun's Root Cause); "
+          "NCCL_DEBUG=INFO's 'NET/Socket : Using' line",
+          "the fix of the candidate the log points at (see the candidates)",
+          candidates=(
+              ("rendezvous-unreachable", "at start-up, before any step: nothing listens at MASTER_ADDR:MASTER_PORT "
+                                         "(the master not started yet, a wrong address or port, a firewall): "
+                                         "ddpdoctor check --only port on every node"),
+              ("peer-closed", "after the job had started, or another rank's error or signal comes first: the "
+                              "process holding the store (rank 0, the master node's agent) or the peer exited; "
+                              "fix the rank that failed first"),
+              ("nccl-wrong-interface", "the line is NCCL's or gloo's connection between ranks (NCCL WARN ... "
+                                       "Connect to ... failed, NET/Socket): the interface it chose is not reachable "
+                                       "from the peer; set NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME"))),
     Cause("nccl-watchdog-timeout", "NCCL watchdog timeout",
           (r"Watchdog caught collective operation timeout", r"ProcessGroupNCCL's watchdog",
            r"^(?:(?!WorkNCCL\(SeqNum=).)*WorkNCCL\(SeqNum=\d+.*ran for \d+ milliseconds before timing out"),
@@ -713,7 +765,20 @@ CAUSES: tuple = (
           "in take_gil",
           "import ddpdoctor (or ddpdoctor.diagnostics) in the training script: its exit hook waits until gloo's "
           "worker threads are idle before the interpreter finalizes; or end the script with "
-          "ddpdoctor.exit_now() to skip the interpreter's teardown"),
+          "ddpdoctor.exit_now() to skip the interpreter's teardown",
+          candidates=(
+              ("teardown-abort", "the work had finished, no Python traceback comes before the line and the rank "
+                                 "exited by SIGABRT (-6): the exit race; import ddpdoctor, or call "
+                                 "destroy_process_group() before the script ends"),
+              ("earlier-error", "a Python traceback comes before it: the process was already ending because of "
+                                "that error and aborted on the way out; fix the error above"),
+              ("native-thread-abort", "it aborts in the middle of training with no Python error: a C++ thread of an "
+                                      "extension or a library was destroyed while running; faulthandler "
+                                      "(python -X faulthandler) or gdb's backtrace names the library")),
+          undecided="The process ({rank}) aborted in std::terminate: a C++ thread object was destroyed while its thread still "
+                    "ran. Three things print this line alike: torch/gloo's exit race after the work finished (a "
+                    "worker thread still running while the interpreter finalizes), a process already ending "
+                    "because of an earlier error, or a native library's thread in the middle of training."),
     Cause("peer-closed", "a peer rank went away",
           (r"Connection closed by peer", r"Connection reset by peer",
            r"Failed to recv, got 0 bytes\. Connection was likely closed"),
@@ -780,7 +845,16 @@ CAUSES: tuple = (
           "nvidia-smi (driver version, Xid errors in dmesg); python -c 'import torch; print(torch.version.cuda, "
           "torch.cuda.nccl.version())'",
           "update the driver to one that supports the wheel's CUDA, reset or drain a GPU with Xid errors, or "
-          "free GPU memory before the communicator is created"),
+          "free GPU memory before the communicator is created",
+          candidates=(
+              ("cuda-oom", "the CUDA error is 'out of memory': the GPU was full when NCCL allocated its buffers; "
+                           "free memory before the first collective, or lower NCCL_BUFFSIZE"),
+              ("gpu-bad-state", "'an illegal memory access', 'unspecified launch failure', 'ECC' or Xid errors in "
+                                "dmesg: a kernel before NCCL failed or the GPU is bad; CUDA_LAUNCH_BLOCKING=1 "
+                                "names the kernel; reset or drain the GPU"),
+              ("cuda-driver-mismatch", "'driver version is insufficient', 'initialization error', 'system not yet "
+                                       "initialized': the driver (or the fabric manager) does not fit the wheel's "
+                                       "CUDA; nvidia-smi against torch.version.cuda"))),
     Cause("nccl-warn", "an NCCL warning",
           (r"\.(?:cc|cu|h|c):\d{1,9} NCCL WARN ",),
           "NCCL's own warning; the file named before 'NCCL WARN' is the subsystem (graph/ topology, "
