@@ -375,3 +375,20 @@ def test_an_nccl_warn_from_its_cuda_calls_is_ordered_by_the_cuda_error():
     # the driver's own wording is its cause, said alone (the family by source file steps aside)
     driver = warn.format(9, "CUDA driver version is insufficient for CUDA runtime version")
     assert list(found(driver)) == ["cuda-driver-mismatch"]
+
+
+def test_the_wrappers_device_against_the_models_orders_the_device_mismatch():
+    msg = ("RuntimeError: module must have its parameters and buffers on device cuda:{} (device_ids[0]) but found "
+           "one of them on device: cuda:{}")
+    spread = found(msg.format(0, 1))["module-device-mismatch"]  # a model over several GPUs: device_map='auto'
+    assert [c for c, _ in spread.candidates] == ["quantized-device-map", "model-on-wrong-gpu"]
+    assert "device_ids[0] = cuda:0 but a parameter or buffer of the model is on cuda:1" in spread.meaning
+    gpu0 = found(msg.format(3, 0))["module-device-mismatch"]  # rank 3's wrapper, the model on GPU 0
+    assert gpu0.candidates[0][0] == "model-on-wrong-gpu"
+
+
+def test_nccls_info_line_without_infiniband_is_no_cause():
+    # NCCL prints this INFO line at every start on a machine without InfiniBand and goes on over sockets.
+    info = "host:1:2 [0] NCCL INFO NET/IB : No device found.\nhost:1:2 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>\n"
+    assert "nccl-ib-network" not in found(info + "RuntimeError: Socket Timeout")
+    assert list(found(info + "RuntimeError: Socket Timeout")) == ["store-timeout"]

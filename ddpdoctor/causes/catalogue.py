@@ -147,14 +147,30 @@ CAUSES: tuple = (
           "torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(sd, 'module.')"),
     Cause("quantized-device-map", "a quantized (8/4-bit) model placed across GPUs under data parallel",
           (r"You can't train a model that has been loaded in 8-bit precision on multiple devices",
-           r"You can't train a model that has been loaded in 8-bit or 4-bit precision on (?:a different device|multiple devices)",
-           r"module must have its parameters and buffers on device cuda:\d+ \(device_ids\[0\]\) but found one of them on device: cuda:\d+"),
+           r"You can't train a model that has been loaded in 8-bit or 4-bit precision on (?:a different device|multiple devices)"),
           "The model was loaded with device_map='auto' (spread over every GPU) and then trained with one "
           "process per GPU (DDP, accelerate launch): each rank's copy must sit on that rank's GPU. A quantized "
           "model cannot be moved after loading, so the data-parallel wrapper refuses it.",
           "the from_pretrained call: device_map='auto' with load_in_8bit/4bit under a multi-process launch",
           "load each rank's copy on its own GPU: device_map={'': torch.cuda.current_device()} (accelerate: "
           "{'': accelerator.process_index}); or run one process with device_map='auto' (model parallel, no DDP)"),
+    Cause("module-device-mismatch", "the wrapped model is not (only) on the device DDP or DataParallel was given",
+          (r"module must have its parameters and buffers on device cuda:(?P<want>\d{1,4}) \(device_ids\[0\]\) but "
+           r"found one of them on device: cuda:(?P<got>\d{1,4})",),
+          "DataParallel or DistributedDataParallel was given device_ids[0] = cuda:{want} but a parameter or buffer "
+          "of the model is on cuda:{got}. Two causes print it: the model is spread over several GPUs "
+          "(from_pretrained(device_map='auto'), often with 8-bit or 4-bit loading) and cannot be replicated; or "
+          "the model was moved to one fixed GPU (.cuda() or .to('cuda') before set_device: GPU 0) while the "
+          "wrapper was given the rank's own.",
+          "print({p.device for p in model.parameters()}) before wrapping; the from_pretrained call's device_map",
+          "the fix of the candidate the devices point at (see the candidates)",
+          candidates=(
+              ("quantized-device-map", "the parameters are on several GPUs (device_ids[0] is cuda:0, one is on "
+                                       "another): the model was loaded with device_map='auto'; load each rank's "
+                                       "copy on its own GPU: device_map={'': local_rank}"),
+              ("model-on-wrong-gpu", "the parameters are all on one other GPU (device_ids[0] is the rank's, they are "
+                                     "on cuda:0): call torch.cuda.set_device(local_rank) first and move the model "
+                                     "with .to(local_rank) before wrapping"))),
     Cause("cuda-devices-busy", "CUDA devices busy or unavailable: one of three causes",
           (r"CUDA-capable device\(s\) is/are busy or unavailable",
            r"all CUDA-capable devices are busy or unavailable"),
@@ -383,7 +399,7 @@ CAUSES: tuple = (
     Cause("nccl-ib-network", "InfiniBand/RoCE transport errors (HCA, GID index, routing)",
           (r"NET/IB : Got completion (?:from peer \S+ )?with error \d+",
            r"Call to ibv_modify_qp failed",
-           r"NET/IB : No device found",
+           r"^(?:(?!NCCL INFO).)*NET/IB : No device found",  # as INFO it is harmless: NCCL uses sockets
            r"NET/OFI Request \S+ completed with error"),
           "NCCL's InfiniBand/RoCE connections failed: error 12 is a transport retry timeout (the NICs cannot "
           "talk: wrong GID index for RoCE v2, routing between rails, a bad link), ibv_modify_qp timing out "

@@ -292,7 +292,7 @@ def gather(lines: Sequence[str]) -> Evidence:
             ev.ld_nccl = True
         if not ev.windows and (":\\" in line or ".exe" in line or "Windows" in line) and _WINDOWS.search(line):
             ev.windows = True
-        if "--local" in line or "\u2013local" in line or "\u2014local" in line:
+        if "local" in line and ("-local" in line or "\u2013local" in line or "\u2014local" in line):  # dashes as typed
             m = _LR_PASSED.search(line)
             if m:
                 ev.lr_passed = m.group(1)
@@ -648,6 +648,12 @@ def refine(lines: Sequence[str], found: dict, by_id: dict, make: Callable) -> Ev
             _rank_first(found, "connection-refused", "peer-closed", f"a rank died by {crashed[0]}")
     if "store-timeout" in found and crashed:
         _rank_first(found, "store-timeout", "peer-closed", f"a rank died by {crashed[0]}")
+    # The wrapper's device against the model's: all on GPU 0 while the wrapper has the rank's GPU is the model put on
+    # one fixed GPU; a GPU 0 wrapper with a parameter elsewhere is a model spread over GPUs (the default order).
+    if "module-device-mismatch" in found:
+        groups = found["module-device-mismatch"].groups
+        if groups.get("want", "0") != "0" and groups.get("got") == "0":
+            _rank_first(found, "module-device-mismatch", "model-on-wrong-gpu", found["module-device-mismatch"].evidence)
     # An NCCL WARN from its CUDA calls: the CUDA error it quotes puts that failure first.
     if "nccl-warn-cuda" in found:
         said = found["nccl-warn-cuda"].evidence.lower()
