@@ -392,3 +392,13 @@ def test_nccls_info_line_without_infiniband_is_no_cause():
     info = "host:1:2 [0] NCCL INFO NET/IB : No device found.\nhost:1:2 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>\n"
     assert "nccl-ib-network" not in found(info + "RuntimeError: Socket Timeout")
     assert list(found(info + "RuntimeError: Socket Timeout")) == ["store-timeout"]
+
+
+def test_invalid_device_ordinal_is_a_family_the_counts_decide_it():
+    msg = "[rank5]: RuntimeError: CUDA error: invalid device ordinal"
+    bare = found(msg)["more-ranks-than-gpus"]
+    assert [c for c, _ in bare.candidates] == ["more-ranks-than-gpus", "global-rank-as-device", "hard-coded-device"]
+    counted = found("CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc_per_node=4 train.py\n" + msg)["more-ranks-than-gpus"]
+    assert counted.decided and not counted.candidates and "4 processes per node with 2 visible GPUs" in counted.meaning
+    nodes = found("torchrun --nnodes=2 --nproc_per_node=8 --node_rank=1 train.py\n" + msg)["more-ranks-than-gpus"]
+    assert nodes.candidates[0][0] == "global-rank-as-device"

@@ -430,7 +430,14 @@ CAUSES: tuple = (
           "GPU count) is larger than the GPUs visible (CUDA_VISIBLE_DEVICES), so local ranks past the last "
           "GPU fail at set_device.",
           "nvidia-smi -L and echo $CUDA_VISIBLE_DEVICES against --nproc-per-node; ddpdoctor explain --here",
-          "set --nproc-per-node (devices=, GPUS_PER_NODE) to the number of GPUs the node has and exposes"),
+          "set --nproc-per-node (devices=, GPUS_PER_NODE) to the number of GPUs the node has and exposes",
+          candidates=(
+              ("more-ranks-than-gpus", "more processes per node (--nproc-per-node, 'Num processes') than nvidia-smi "
+                                       "-L or CUDA_VISIBLE_DEVICES shows: start one process per GPU"),
+              ("global-rank-as-device", "several nodes (--nnodes above 1): ranks past the first node ask for "
+                                        "cuda:<global rank>; pick the device with LOCAL_RANK, not RANK"),
+              ("hard-coded-device", "the code or config names a fixed GPU (cuda:1, --gpu 1, gpu_ids) that this "
+                                    "machine does not have: use the device the launcher gives (LOCAL_RANK)"))),
     Cause("cpu-tensor-nccl", "CPU tensors (or a CPU model) under the NCCL backend",
           (r"No backend type associated with device type cpu",
            r"Tensors must be CUDA and dense",

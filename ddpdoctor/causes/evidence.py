@@ -47,6 +47,7 @@ MAX_LINE = 4096
 _KEPT = 400  # the characters of a line kept as evidence; shown shortened, after redaction (shorten)
 
 _NPROC = re.compile(r"--nproc[-_]per[-_]node[= ](\d{1,9})(?!\d)")
+_NNODES = re.compile(r"--nnodes[= ](\d{1,9})(?!\d)")
 _VISIBLE = re.compile(r"CUDA_VISIBLE_DEVICES=([0-9][0-9,]*)")
 _FIND_UNUSED_ON = re.compile(r"find_unused_parameters\s*=\s*True")
 _SYNCBN_FRAME = re.compile(r"batchnorm\.py\", line \d+, in forward|sync_bn|SyncBatchNorm|SyncBN")
@@ -506,9 +507,14 @@ def refine(lines: Sequence[str], found: dict, by_id: dict, make: Callable) -> Ev
                               "--nproc-per-node with nvidia-smi -L (the log does not show both counts).")
     if "more-ranks-than-gpus" in found:
         if counts:
+            found["more-ranks-than-gpus"].decided = True  # the counts settle it
             note("more-ranks-than-gpus", counts)
         elif ev.nproc is not None:
             note("more-ranks-than-gpus", f"The log starts {ev.nproc} processes per node.")
+        if not counts:  # several nodes: a rank past the first may use its global rank as the device
+            nodes = next((ln.strip() for ln in lines if "nnodes" in ln[:MAX_LINE]
+                          and (n := _NNODES.search(ln[:MAX_LINE])) and int(n.group(1)) > 1), "")
+            _rank_first(found, "more-ranks-than-gpus", "global-rank-as-device", nodes[:_KEPT])
 
     # Slurm: fewer ranks joined than the world the trainer expects.
     if ev.slurm and "slurm-tasks-mismatch" in by_id:
