@@ -402,3 +402,24 @@ def test_invalid_device_ordinal_is_a_family_the_counts_decide_it():
     assert counted.decided and not counted.candidates and "4 processes per node with 2 visible GPUs" in counted.meaning
     nodes = found("torchrun --nnodes=2 --nproc_per_node=8 --node_rank=1 train.py\n" + msg)["more-ranks-than-gpus"]
     assert nodes.candidates[0][0] == "global-rank-as-device"
+
+
+def test_marked_ready_twice_is_decided_by_checkpointing_in_the_log():
+    msg = "RuntimeError: Expected to mark a variable ready only once. This error is caused by one of the following"
+    bare = found(msg)["ddp-reentrant-checkpoint"]
+    assert [c for c, _ in bare.candidates] == ["ddp-reentrant-checkpoint", "parameter-used-twice"]
+    frame = '  File "/env/lib/python3.10/site-packages/torch/utils/checkpoint.py", line 157, in backward\n'
+    m = found(frame + msg)["ddp-reentrant-checkpoint"]
+    assert m.decided and not m.candidates and "The log shows checkpointing" in m.meaning
+
+
+def test_no_kernel_image_is_torchs_build_or_an_extensions():
+    msg = "RuntimeError: CUDA error: no kernel image is available for execution on the device"
+    bare = found(msg)["cuda-arch-unsupported"]
+    assert [c for c, _ in bare.candidates] == ["cuda-arch-unsupported", "extension-arch-unsupported"]
+    ext = '  File "/env/lib/python3.10/site-packages/mmcv/ops/roi_align.py", line 82, in forward\n'
+    assert found(ext + msg)["cuda-arch-unsupported"].candidates[0][0] == "extension-arch-unsupported"
+    warned = ("UserWarning: NVIDIA GeForce RTX 3090 with CUDA capability sm_86 is not compatible with the current "
+              "PyTorch installation.\n" + msg)
+    m = found(warned)["cuda-arch-unsupported"]
+    assert m.decided and not m.candidates and "The GPU is sm_86" in m.meaning

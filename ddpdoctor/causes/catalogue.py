@@ -292,7 +292,14 @@ CAUSES: tuple = (
           "python -c 'import torch; print(torch.cuda.get_arch_list(), torch.cuda.get_device_capability())'; "
           "ddpdoctor explain --here",
           "install a PyTorch build whose CUDA version supports the GPU (pick the +cuXXX wheel from "
-          "pytorch.org for that GPU), or build from source for an old GPU"),
+          "pytorch.org for that GPU), or build from source for an old GPU",
+          candidates=(
+              ("cuda-arch-unsupported", "torch's own warning names the GPU's sm_XX as not compatible, or "
+                                        "torch.cuda.get_arch_list() lacks it: install a torch build for this GPU"),
+              ("extension-arch-unsupported", "torch's own kernels run (a plain torch.ones(1, device='cuda') * 2 "
+                                             "works) and the traceback ends in a compiled extension (apex, mmcv, "
+                                             "flash-attn, deepspeed ops, xformers): rebuild it with "
+                                             "TORCH_CUDA_ARCH_LIST including this GPU"))),
     Cause("cuda-driver-mismatch", "the NVIDIA driver is older than the CUDA this torch was built with",
           (r"CUDA driver version is insufficient for CUDA runtime version",
            r"The NVIDIA driver on your system is too old"),
@@ -471,7 +478,15 @@ CAUSES: tuple = (
           "the traceback goes through torch/utils/checkpoint.py; TORCH_DISTRIBUTED_DEBUG=DETAIL names the parameter",
           "use non-reentrant checkpointing (checkpoint(..., use_reentrant=False); HF: "
           "gradient_checkpointing_kwargs={'use_reentrant': False}), or DDP(..., static_graph=True) when the "
-          "graph never changes"),
+          "graph never changes",
+          candidates=(
+              ("ddp-reentrant-checkpoint", "the traceback or config shows activation checkpointing (torch/utils/"
+                                           "checkpoint.py, gradient_checkpointing, use_reentrant): non-reentrant "
+                                           "checkpointing or static_graph=True"),
+              ("parameter-used-twice", "no checkpointing: a module or parameter used twice in one forward (shared "
+                                       "layers, tied weights) with find_unused_parameters=True, or used outside "
+                                       "forward: TORCH_DISTRIBUTED_DEBUG=DETAIL names it; static_graph=True or "
+                                       "find_unused_parameters=False"))),
     Cause("cuda-fork", "CUDA used in a forked subprocess",
           (r"Cannot re-initialize CUDA in forked subprocess",),
           "CUDA cannot be used in a process forked after the parent initialised it: DataLoader workers that "

@@ -112,6 +112,12 @@ _SPAWN_SIGN = re.compile(r"multiprocessing/reduction\.py|ForkingPickler|popen_sp
                          r"ddp_spawn|DDPSpawn|_MultiProcessingDataLoaderIter|mp\.spawn\(")
 _SAVE_SIGN = re.compile(r"torch/serialization\.py|/copy\.py\b|\bdeepcopy\(|\btorch\.save\(")
 _TERMINATE = "terminate called without an active exception"
+# "marked ready twice": activation checkpointing in the traceback or the config.
+_CHECKPOINTING = re.compile(r"utils/checkpoint\.py|gradient_checkpointing|use_reentrant|CheckpointFunction|"
+                            r"activation_checkpoint|checkpoint_sequential")
+# "no kernel image": a compiled extension's frame or name in the traceback.
+_EXTENSION = re.compile(r"site-packages/(?:apex|mmcv|flash_attn|deepspeed/ops|xformers|detectron2|bitsandbytes|"
+                        r"spconv|torch_scatter|torch_sparse|pointnet2|nvdiffrast)\b|_C\.\w+\.so|_ext\b")
 _TB_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 # ddpdoctor's own errors: the cause and the exception names that stand for it.
 _OWN_ERRORS = {"ddpdoctor-desync": ("DesyncError",),
@@ -182,6 +188,8 @@ class Evidence:
     error_before_abort: str = ""  # a Python traceback before "terminate called without an active exception"
     spawn_sign: str = ""      # the pickling was multiprocessing's: a new process (spawn, DataLoader workers)
     save_sign: str = ""       # the pickling was a save or a copy (torch.save, copy.deepcopy)
+    checkpointing: str = ""   # activation checkpointing in the traceback or config
+    extension: str = ""       # a compiled extension in the traceback
 
 
 def gather(lines: Sequence[str]) -> Evidence:
@@ -308,12 +316,14 @@ def gather(lines: Sequence[str]) -> Evidence:
 
 
 def gather_more(lines: Sequence[str], ev: Evidence, port: bool, tensor: bool, memory: bool,
-                abort: bool = False, pickle: bool = False) -> None:
+                abort: bool = False, pickle: bool = False, twice: bool = False, kernel: bool = False) -> None:
     """A second pass, only when a cause in play needs it (most logs never pay for it): who chose the port of
     "address already in use" (``port``), what the log shows of a tensor NCCL refused (``tensor``), GPU 0
     shared by several processes (``memory``: the out-of-memory line, nvidia-smi's process table), a Python
-    traceback before a C++ abort (``abort``), and who pickled an object that cannot be pickled (``pickle``)."""
-    if not (port or tensor or memory or abort or pickle):
+    traceback before a C++ abort (``abort``), who pickled an object that cannot be pickled (``pickle``),
+    activation checkpointing beside "marked ready twice" (``twice``), an extension beside "no kernel image"
+    (``kernel``)."""
+    if not (port or tensor or memory or abort or pickle or twice or kernel):
         return
     traceback = ""
     for raw in lines:
@@ -323,6 +333,12 @@ def gather_more(lines: Sequence[str], ev: Evidence, port: bool, tensor: bool, me
                 traceback = line.strip()[:_KEPT]
             elif _TERMINATE in line:
                 ev.error_before_abort, abort = traceback, False  # only what came before the first abort counts
+        if twice and not ev.checkpointing and ("heckpoint" in line or "reentrant" in line) \
+                and _CHECKPOINTING.search(line):
+            ev.checkpointing = line.strip()[:_KEPT]
+        if kernel and not ev.extension and ("site-packages/" in line or "_ext" in line or "_C." in line) \
+                and _EXTENSION.search(line):
+            ev.extension = line.strip()[:_KEPT]
         if pickle:
             if not ev.spawn_sign and ("multiprocessing" in line or "Pickler" in line or "spawn" in line
                                       or "Spawn" in line or "MultiProcessing" in line) and _SPAWN_SIGN.search(line):
@@ -672,7 +688,18 @@ def refine(lines: Sequence[str], found: dict, by_id: dict, make: Callable) -> Ev
 
     gather_more(lines, ev, port="port-in-use" in found, tensor="cpu-tensor-nccl" in found,
                 memory=not found or "cuda-oom-gpu0" in found, abort="teardown-abort" in found,
-                pickle="pickle-error" in found)
+                pickle="pickle-error" in found, twice="ddp-reentrant-checkpoint" in found,
+                kernel="cuda-arch-unsupported" in found)
+    # "marked ready twice": checkpointing in the log decides it; without, a parameter used twice is as likely.
+    if "ddp-reentrant-checkpoint" in found and ev.checkpointing:
+        found["ddp-reentrant-checkpoint"].decided = True
+        note("ddp-reentrant-checkpoint", f"The log shows checkpointing: '{shorten(ev.checkpointing, 100)}'.")
+    # "no kernel image": torch's own warning about the GPU decides torch's build; an extension's frame puts it first.
+    if "cuda-arch-unsupported" in found:
+        if ev.gpu_arch or ev.old_gpu_cc or "no kernel image" not in found["cuda-arch-unsupported"].evidence:
+            found["cuda-arch-unsupported"].decided = True
+        elif ev.extension:
+            _rank_first(found, "cuda-arch-unsupported", "extension-arch-unsupported", ev.extension)
     # "terminate called without an active exception": the finished job's exit race only when the rank aborted
     # (SIGABRT) and no Python traceback came before; a traceback before it puts that error first.
     if "teardown-abort" in found:
