@@ -791,7 +791,7 @@ CAUSES: tuple = (
               ("cuda-oom", "only rank 0's own process is on GPU 0 and its memory grew to the GPU's size: the "
                            "model, batch or activations do not fit; a smaller batch, mixed precision, "
                            "activation checkpointing, or sharding (FSDP/ZeRO)"))),
-    Cause("teardown-abort", "a finished job aborted at interpreter exit (a torch/gloo exit bug)",
+    Cause("teardown-abort", "a rank aborted in std::terminate: the torch/gloo exit race, or on the way out",
           (r"terminate called without an active exception",),
           "The job's work finished; {rank} aborted during interpreter teardown: a torch/gloo exit bug, not a "
           "training failure. A gloo worker thread was still dropping the last collective's work (which takes "

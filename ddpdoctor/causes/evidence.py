@@ -329,8 +329,10 @@ def gather_more(lines: Sequence[str], ev: Evidence, port: bool, tensor: bool, me
     for raw in lines:
         line = raw[:MAX_LINE]
         if abort:
-            if "Traceback (most recent call last)" in line and not traceback:
-                traceback = line.strip()[:_KEPT]
+            if "Traceback (most recent call last)" in line:
+                traceback = traceback or line.strip()[:_KEPT]
+            elif traceback and ("Error" in line or "Exception" in line) and _EXC.match(line.strip()):
+                traceback = line.strip()[:_KEPT]  # the exception the traceback ends in says more than its header
             elif _TERMINATE in line:
                 ev.error_before_abort, abort = traceback, False  # only what came before the first abort counts
         if twice and not ev.checkpointing and ("heckpoint" in line or "reentrant" in line) \
