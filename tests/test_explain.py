@@ -154,10 +154,13 @@ def test_recorded_teardown_abort_names_the_aborted_rank_not_the_one_torchrun_sto
                                 "exit bug, not a training failure.")
     assert m.meaning.endswith("torchrun then stopped rank 1 with SIGTERM: a consequence, not a cause.")
     assert "ddpdoctor.exit_now()" in m.fix
-    # A rank's own prefixed line names the rank without torchrun's summary.
+    assert not m.candidates  # the SIGABRT and no traceback before the line decide the family
+    # A rank's own prefixed line names the rank without torchrun's summary; the line alone (no exit code, nothing
+    # before it) does not decide which of the three aborts it was: a family, the exit race first.
     prefixed = explain_text("[rank3]:terminate called without an active exception\n")
     assert [(x.cause.id, x.ranks) for x in prefixed] == [("teardown-abort", {3})]
-    assert prefixed[0].meaning.startswith("The job's work finished; rank 3 aborted during interpreter teardown")
+    assert [c for c, _ in prefixed[0].candidates] == ["teardown-abort", "earlier-error", "native-thread-abort"]
+    assert prefixed[0].meaning.startswith("The process (rank 3) aborted in std::terminate")
 
 
 @pytest.mark.timeout(10)

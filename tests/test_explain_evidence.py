@@ -258,3 +258,168 @@ def test_a_dataloader_worker_that_exited_is_a_family_unless_the_log_says_how():
     killed = ("RuntimeError: DataLoader worker (pid 25) is killed by signal: Killed.\n"
               "RuntimeError: DataLoader worker (pid(s) 25) exited unexpectedly")
     assert list(found(killed)) == ["host-oom"]
+
+
+# --- Generic messages several causes print alike: families unless the log decides (issue 25, explain5) --------
+
+def test_connection_refused_is_a_family_ordered_by_who_refused():
+    import socket
+
+    # A real refused connection: a port this test bound and closed again, so nothing listens on it.
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        pytest.skip("the closed port was taken again")  # another process bound it meanwhile
+    except ConnectionRefusedError as e:
+        line = f"ConnectionRefusedError: {e}"
+    m = found(line)["connection-refused"]
+    assert [c for c, _ in m.candidates] == ["rendezvous-unreachable", "peer-closed", "nccl-wrong-interface"]
+    assert all(how for _, how in m.candidates)
+    # NCCL's own connection between ranks: its interface first.
+    nccl = "host:1:2 [0] misc/socket.cc:484 NCCL WARN Net : Connect to 10.0.0.2<4000> failed : Connection refused"
+    assert found(nccl)["connection-refused"].candidates[0][0] == "nccl-wrong-interface"
+    # A rank killed first: the refused connection is that peer gone.
+    killed = "Signal 9 (SIGKILL) received by PID 4021\n" + line
+    assert found(killed)["connection-refused"].candidates[0][0] == "peer-closed"
+    # The store's own wording decides the rendezvous reading alone.
+    store = ("torch.distributed.DistNetworkError: The client socket has failed to connect to any network address of "
+             f"(127.0.0.1, {port}). The client socket has failed to connect to 127.0.0.1:{port} (errno: 111 - "
+             "Connection refused).")
+    assert list(found(store)) == ["rendezvous-unreachable"]
+
+
+def test_socket_timeout_is_a_family_a_dead_rank_puts_the_peer_first():
+    m = found("RuntimeError: Socket Timeout")["store-timeout"]
+    assert [c for c, _ in m.candidates] == ["slow-rank-timeout", "peer-closed", "rendezvous-unreachable"]
+    dead = "Signal 11 (SIGSEGV) received by PID 4021\nRuntimeError: Socket Timeout"
+    assert found(dead)["store-timeout"].candidates[0][0] == "peer-closed"
+
+
+def test_terminate_without_exception_is_a_family_a_traceback_before_it_comes_first():
+    bare = found("terminate called without an active exception")["teardown-abort"]
+    assert [c for c, _ in bare.candidates] == ["teardown-abort", "earlier-error", "native-thread-abort"]
+    assert bare.meaning.startswith("The process (a rank) aborted in std::terminate")  # not "the work finished"
+    before = ("Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\nValueError: bad batch\n"
+              "terminate called without an active exception\n")
+    m = found(before)["teardown-abort"]
+    assert m.candidates[0][0] == "earlier-error" and "ValueError" not in m.candidates[0][1]
+    assert "points at earlier-error: 'ValueError: bad batch'" in m.meaning  # the exception, not the header
+    # torchrun's summary: the rank aborted (-6) and nothing failed before: the exit race, said alone.
+    summary = ("terminate called without an active exception\nRoot Cause (first observed failure):\n[0]:\n"
+               "  rank      : 0 (local_rank: 0)\n  exitcode  : -6 (pid: 7)\n")
+    m = found(summary)["teardown-abort"]
+    assert m.decided and not m.candidates and m.meaning.startswith("The job's work finished; rank 0 aborted")
+
+
+def _argparse_error(argv: list) -> str:
+    import argparse
+    import contextlib
+    import io
+
+    parser = argparse.ArgumentParser(prog="train.py")
+    parser.add_argument("--epochs", type=int, default=1)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit):
+        parser.parse_args(argv)
+    return err.getvalue()
+
+
+def test_an_en_dash_local_rank_is_the_launchers_argument():
+    # argparse's real message for the argument as a user's editor typed it (an en dash for "--")
+    text = _argparse_error(["\u2013local_rank=19"])
+    assert "unrecognized arguments: \u2013local_rank=19" in text
+    m = found(text)["launcher-local-rank-arg"]
+    assert "The launcher passed \u2013local_rank." in m.meaning
+    # as pasted into an issue title: a capital E
+    assert list(found(" Error: unrecognized arguments: \u2013local_rank=19")) == ["launcher-local-rank-arg"]
+    assert found(_argparse_error(["--local-rank=0"]))  # the plain spelling still
+
+
+def test_cannot_pickle_is_decided_by_who_pickled():
+    import io
+    import threading
+    import traceback
+    from multiprocessing import reduction
+
+    import torch
+
+    # multiprocessing's own pickling, as a spawn start runs it (popen_spawn_posix pickles the Process object and
+    # its arguments with reduction.dump before any child starts): no process is started here.
+    with pytest.raises(TypeError) as raised:
+        reduction.dump(("train", {}.keys()), io.BytesIO())
+    spawn_text = "".join(traceback.format_exception(raised.value))
+    assert "cannot pickle 'dict_keys' object" in spawn_text
+    assert list(found(spawn_text)) == ["spawn-pickle"]
+    # A real torch.save of an object holding a lock: a save, not a new process.
+    holder = torch.nn.Linear(1, 1)
+    holder.lock = threading.Lock()
+    with pytest.raises(TypeError) as raised:
+        torch.save(holder, io.BytesIO())
+    save_text = "".join(traceback.format_exception(raised.value))
+    m = found(save_text)["pickle-error"]
+    assert [c for c, _ in m.candidates] == ["checkpoint-pickle", "spawn-pickle"]
+    # the message alone: a family, spawn first
+    bare = found("TypeError: cannot pickle 'generator' object")["pickle-error"]
+    assert [c for c, _ in bare.candidates] == ["spawn-pickle", "checkpoint-pickle"]
+
+
+def test_an_nccl_warn_from_its_cuda_calls_is_ordered_by_the_cuda_error():
+    warn = "host:1:2 [0] enqueue.cc:{} NCCL WARN Cuda failure '{}'"
+    first = {err: found(warn.format(i, err))["nccl-warn-cuda"].candidates[0][0]
+             for i, err in enumerate(("out of memory", "an illegal memory access was encountered",
+                                      "initialization error"))}
+    assert list(first.values()) == ["cuda-oom", "gpu-bad-state", "cuda-driver-mismatch"]
+    # the driver's own wording is its cause, said alone (the family by source file steps aside)
+    driver = warn.format(9, "CUDA driver version is insufficient for CUDA runtime version")
+    assert list(found(driver)) == ["cuda-driver-mismatch"]
+
+
+def test_the_wrappers_device_against_the_models_orders_the_device_mismatch():
+    msg = ("RuntimeError: module must have its parameters and buffers on device cuda:{} (device_ids[0]) but found "
+           "one of them on device: cuda:{}")
+    spread = found(msg.format(0, 1))["module-device-mismatch"]  # a model over several GPUs: device_map='auto'
+    assert [c for c, _ in spread.candidates] == ["quantized-device-map", "model-on-wrong-gpu"]
+    assert "device_ids[0] = cuda:0 but a parameter or buffer of the model is on cuda:1" in spread.meaning
+    gpu0 = found(msg.format(3, 0))["module-device-mismatch"]  # rank 3's wrapper, the model on GPU 0
+    assert gpu0.candidates[0][0] == "model-on-wrong-gpu"
+
+
+def test_nccls_info_line_without_infiniband_is_no_cause():
+    # NCCL prints this INFO line at every start on a machine without InfiniBand and goes on over sockets.
+    info = "host:1:2 [0] NCCL INFO NET/IB : No device found.\nhost:1:2 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>\n"
+    assert "nccl-ib-network" not in found(info + "RuntimeError: Socket Timeout")
+    assert list(found(info + "RuntimeError: Socket Timeout")) == ["store-timeout"]
+
+
+def test_invalid_device_ordinal_is_a_family_the_counts_decide_it():
+    msg = "[rank5]: RuntimeError: CUDA error: invalid device ordinal"
+    bare = found(msg)["more-ranks-than-gpus"]
+    assert [c for c, _ in bare.candidates] == ["more-ranks-than-gpus", "global-rank-as-device", "hard-coded-device"]
+    counted = found("CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc_per_node=4 train.py\n" + msg)["more-ranks-than-gpus"]
+    assert counted.decided and not counted.candidates and "4 processes per node with 2 visible GPUs" in counted.meaning
+    nodes = found("torchrun --nnodes=2 --nproc_per_node=8 --node_rank=1 train.py\n" + msg)["more-ranks-than-gpus"]
+    assert nodes.candidates[0][0] == "global-rank-as-device"
+
+
+def test_marked_ready_twice_is_decided_by_checkpointing_in_the_log():
+    msg = "RuntimeError: Expected to mark a variable ready only once. This error is caused by one of the following"
+    bare = found(msg)["ddp-reentrant-checkpoint"]
+    assert [c for c, _ in bare.candidates] == ["ddp-reentrant-checkpoint", "parameter-used-twice"]
+    frame = '  File "/env/lib/python3.10/site-packages/torch/utils/checkpoint.py", line 157, in backward\n'
+    m = found(frame + msg)["ddp-reentrant-checkpoint"]
+    assert m.decided and not m.candidates and "The log shows checkpointing" in m.meaning
+
+
+def test_no_kernel_image_is_torchs_build_or_an_extensions():
+    msg = "RuntimeError: CUDA error: no kernel image is available for execution on the device"
+    bare = found(msg)["cuda-arch-unsupported"]
+    assert [c for c, _ in bare.candidates] == ["cuda-arch-unsupported", "extension-arch-unsupported"]
+    ext = '  File "/env/lib/python3.10/site-packages/mmcv/ops/roi_align.py", line 82, in forward\n'
+    assert found(ext + msg)["cuda-arch-unsupported"].candidates[0][0] == "extension-arch-unsupported"
+    warned = ("UserWarning: NVIDIA GeForce RTX 3090 with CUDA capability sm_86 is not compatible with the current "
+              "PyTorch installation.\n" + msg)
+    m = found(warned)["cuda-arch-unsupported"]
+    assert m.decided and not m.candidates and "The GPU is sm_86" in m.meaning

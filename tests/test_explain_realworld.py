@@ -150,8 +150,9 @@ def test_the_third_held_out_set_keeps_its_score():
     """Scored once, after the second set's misses became families (RESULTS.md): 18 of 27 right, 1 partial, 2 wrong
     (202, 218), 6 unknown: that is its held-out score. Fixed after it was seen (NCCL's shm_open permission WARN, SyncBN
     outside DDP, libuv's newer wording, a DataLoader worker that exited as a family): 22 right, 1 partial, none
-    wrong. It may not fall back, and no case may become wrong."""
+    wrong; then 223 (an en dash in '–local_rank') and 227 ("cannot pickle 'dict_keys' object" through
+    multiprocessing's pickler): 24 right. It may not fall back, and no case may become wrong."""
     results = score.run(THIRD)
     wrong = {c["id"] for c, _, o in results if o == "wrong"}
     assert not wrong, sorted(wrong)
-    assert [o for _, _, o in results].count("right") >= 22, [(c["id"], o) for c, _, o in results if o != "right"]
+    assert [o for _, _, o in results].count("right") >= 24, [(c["id"], o) for c, _, o in results if o != "right"]

@@ -34,6 +34,8 @@ class Cause:
         candidates: for a generic message that several causes print alike (a family): the causes it may
             be, commonest first, each as ``(cause id, how to tell it from the others)``; ``explain`` reorders
             them when the log holds evidence and names the family, not a single cause.
+        undecided: what the message means while the log does not decide the family (``meaning`` is then the
+            reading the evidence settled on); empty: ``meaning`` serves both.
     """
 
     id: str
@@ -44,6 +46,7 @@ class Cause:
     fix: str
     from_ranks: bool = False
     candidates: tuple = ()
+    undecided: str = ""
 
     def compiled(self) -> list:
         return [re.compile(p) for p in self.patterns]
@@ -144,14 +147,30 @@ CAUSES: tuple = (
           "torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(sd, 'module.')"),
     Cause("quantized-device-map", "a quantized (8/4-bit) model placed across GPUs under data parallel",
           (r"You can't train a model that has been loaded in 8-bit precision on multiple devices",
-           r"You can't train a model that has been loaded in 8-bit or 4-bit precision on (?:a different device|multiple devices)",
-           r"module must have its parameters and buffers on device cuda:\d+ \(device_ids\[0\]\) but found one of them on device: cuda:\d+"),
+           r"You can't train a model that has been loaded in 8-bit or 4-bit precision on (?:a different device|multiple devices)"),
           "The model was loaded with device_map='auto' (spread over every GPU) and then trained with one "
           "process per GPU (DDP, accelerate launch): each rank's copy must sit on that rank's GPU. A quantized "
           "model cannot be moved after loading, so the data-parallel wrapper refuses it.",
           "the from_pretrained call: device_map='auto' with load_in_8bit/4bit under a multi-process launch",
           "load each rank's copy on its own GPU: device_map={'': torch.cuda.current_device()} (accelerate: "
           "{'': accelerator.process_index}); or run one process with device_map='auto' (model parallel, no DDP)"),
+    Cause("module-device-mismatch", "the wrapped model is not (only) on the device DDP or DataParallel was given",
+          (r"module must have its parameters and buffers on device cuda:(?P<want>\d{1,4}) \(device_ids\[0\]\) but "
+           r"found one of them on device: cuda:(?P<got>\d{1,4})",),
+          "DataParallel or DistributedDataParallel was given device_ids[0] = cuda:{want} but a parameter or buffer "
+          "of the model is on cuda:{got}. Two causes print it: the model is spread over several GPUs "
+          "(from_pretrained(device_map='auto'), often with 8-bit or 4-bit loading) and cannot be replicated; or "
+          "the model was moved to one fixed GPU (.cuda() or .to('cuda') before set_device: GPU 0) while the "
+          "wrapper was given the rank's own.",
+          "print({p.device for p in model.parameters()}) before wrapping; the from_pretrained call's device_map",
+          "the fix of the candidate the devices point at (see the candidates)",
+          candidates=(
+              ("quantized-device-map", "the parameters are on several GPUs (device_ids[0] is cuda:0, one is on "
+                                       "another): the model was loaded with device_map='auto'; load each rank's "
+                                       "copy on its own GPU: device_map={'': local_rank}"),
+              ("model-on-wrong-gpu", "the parameters are all on one other GPU (device_ids[0] is the rank's, they are "
+                                     "on cuda:0): call torch.cuda.set_device(local_rank) first and move the model "
+                                     "with .to(local_rank) before wrapping"))),
     Cause("cuda-devices-busy", "CUDA devices busy or unavailable: one of three causes",
           (r"CUDA-capable device\(s\) is/are busy or unavailable",
            r"all CUDA-capable devices are busy or unavailable"),
@@ -175,16 +194,37 @@ CAUSES: tuple = (
               ("gpu-held-by-other-process", "nvidia-smi lists another job's (or an earlier run's stale) process on "
                                             "the GPU before this job starts: wait for it, stop it, or pick a free "
                                             "GPU with CUDA_VISIBLE_DEVICES"))),
-    Cause("spawn-pickle", "spawn cannot pickle a local function or lambda",
+    Cause("spawn-pickle", "spawn cannot pickle what it sends to the new process",
           (r"Can't pickle local object '",
            r"Can't pickle <(?:function|lambda)",
            r"Can't get local object '"),
           "torch.multiprocessing.spawn, DataLoader workers under the spawn start method (the default on "
           "Windows and macOS) and mp.set_start_method('spawn') send the target and its arguments to the new "
-          "process by pickling; a function defined inside another function, a lambda or a closure cannot be pickled.",
-          "the object named in the message is a nested function or a lambda",
-          "define the function at module level (or use functools.partial of one), keep the entry point under "
-          "if __name__ == '__main__':, or use the fork start method on Linux"),
+          "process by pickling (Lightning's ddp_spawn pickles the whole model and its callbacks); a function "
+          "defined inside another function, a lambda or a closure cannot be pickled, nor can locks, generators, "
+          "open files or views such as dict_keys held by the model, the dataset or a callback.",
+          "the object named in the message: a nested function, a lambda, or the attribute holding the object",
+          "define the function at module level (or use functools.partial of one), make the object picklable "
+          "(list(d.keys()) for dict_keys; no locks, generators or open files as attributes), keep the entry point "
+          "under if __name__ == '__main__':, or launch with torchrun (Lightning: strategy='ddp', not ddp_spawn) "
+          "or the fork start method on Linux"),
+    Cause("pickle-error", "an object could not be pickled: sent to a new process, or saved or copied",
+          (r"cannot pickle '[\w.]{1,100}' object",
+           r"can't pickle [\w.]{1,100} objects"),
+          "Python could not pickle an object (a lock, a generator, dict_keys, an open file, a CUDA stream). In "
+          "distributed training two things pickle: starting processes with spawn (mp.spawn, Lightning's ddp_spawn, "
+          "DataLoader workers on Windows and macOS) sends the model, the dataset and their attributes to each new "
+          "process; torch.save of a whole object and copy.deepcopy (an EMA copy, a callback) pickle it too.",
+          "the traceback: multiprocessing's reduction.py (ForkingPickler) or spawn.py means a new process; "
+          "torch/serialization.py or copy.py means a save or a copy",
+          "the fix of the candidate the traceback points at (see the candidates)",
+          candidates=(
+              ("spawn-pickle", "the traceback goes through multiprocessing (reduction.py's ForkingPickler, "
+                               "popen_spawn, spawn.py) or the job uses ddp_spawn / DataLoader workers under spawn: "
+                               "make the object picklable or launch with torchrun (strategy='ddp')"),
+              ("checkpoint-pickle", "the traceback goes through torch/serialization.py (torch.save) or copy.py "
+                                    "(deepcopy of the model for EMA, a callback): save the state_dict, not the "
+                                    "object, or drop the attribute that holds it"))),
     Cause("nvls-fabric-manager", "NVLink SHARP (NVLS) setup failed: the fabric manager",
           (r"transport/nvls\.cc:\d+ NCCL WARN Cuda failure",),
           "NCCL's NVLink SHARP transport (H100/H200/H800 with NVSwitch) could not create its multicast "
@@ -252,7 +292,14 @@ CAUSES: tuple = (
           "python -c 'import torch; print(torch.cuda.get_arch_list(), torch.cuda.get_device_capability())'; "
           "ddpdoctor explain --here",
           "install a PyTorch build whose CUDA version supports the GPU (pick the +cuXXX wheel from "
-          "pytorch.org for that GPU), or build from source for an old GPU"),
+          "pytorch.org for that GPU), or build from source for an old GPU",
+          candidates=(
+              ("cuda-arch-unsupported", "torch's own warning names the GPU's sm_XX as not compatible, or "
+                                        "torch.cuda.get_arch_list() lacks it: install a torch build for this GPU"),
+              ("extension-arch-unsupported", "torch's own kernels run (a plain torch.ones(1, device='cuda') * 2 "
+                                             "works) and the traceback ends in a compiled extension (apex, mmcv, "
+                                             "flash-attn, deepspeed ops, xformers): rebuild it with "
+                                             "TORCH_CUDA_ARCH_LIST including this GPU"))),
     Cause("cuda-driver-mismatch", "the NVIDIA driver is older than the CUDA this torch was built with",
           (r"CUDA driver version is insufficient for CUDA runtime version",
            r"The NVIDIA driver on your system is too old"),
@@ -298,7 +345,7 @@ CAUSES: tuple = (
           "python -c 'import torch; print(torch.__version__)' against the project's requirements",
           "install the PyTorch version the project requires (usually newer), or update the code"),
     Cause("launcher-local-rank-arg", "the launcher passes --local-rank, the script does not accept it",
-          (r"error: unrecognized arguments: --local[-_]rank",),
+          (r"[Ee]rror: unrecognized arguments: (?:--|[\u2013\u2014]-?)local[-_]rank",),
           "python -m torch.distributed.launch appends --local-rank=N (PyTorch 2.0+; --local_rank before) to "
           "the script's arguments. A parser that declares only the other spelling, or none, rejects it and "
           "every rank exits with code 2.",
@@ -359,7 +406,7 @@ CAUSES: tuple = (
     Cause("nccl-ib-network", "InfiniBand/RoCE transport errors (HCA, GID index, routing)",
           (r"NET/IB : Got completion (?:from peer \S+ )?with error \d+",
            r"Call to ibv_modify_qp failed",
-           r"NET/IB : No device found",
+           r"^(?:(?!NCCL INFO).)*NET/IB : No device found",  # as INFO it is harmless: NCCL uses sockets
            r"NET/OFI Request \S+ completed with error"),
           "NCCL's InfiniBand/RoCE connections failed: error 12 is a transport retry timeout (the NICs cannot "
           "talk: wrong GID index for RoCE v2, routing between rails, a bad link), ibv_modify_qp timing out "
@@ -390,7 +437,14 @@ CAUSES: tuple = (
           "GPU count) is larger than the GPUs visible (CUDA_VISIBLE_DEVICES), so local ranks past the last "
           "GPU fail at set_device.",
           "nvidia-smi -L and echo $CUDA_VISIBLE_DEVICES against --nproc-per-node; ddpdoctor explain --here",
-          "set --nproc-per-node (devices=, GPUS_PER_NODE) to the number of GPUs the node has and exposes"),
+          "set --nproc-per-node (devices=, GPUS_PER_NODE) to the number of GPUs the node has and exposes",
+          candidates=(
+              ("more-ranks-than-gpus", "more processes per node (--nproc-per-node, 'Num processes') than nvidia-smi "
+                                       "-L or CUDA_VISIBLE_DEVICES shows: start one process per GPU"),
+              ("global-rank-as-device", "several nodes (--nnodes above 1): ranks past the first node ask for "
+                                        "cuda:<global rank>; pick the device with LOCAL_RANK, not RANK"),
+              ("hard-coded-device", "the code or config names a fixed GPU (cuda:1, --gpu 1, gpu_ids) that this "
+                                    "machine does not have: use the device the launcher gives (LOCAL_RANK)"))),
     Cause("cpu-tensor-nccl", "CPU tensors (or a CPU model) under the NCCL backend",
           (r"No backend type associated with device type cpu",
            r"Tensors must be CUDA and dense",
@@ -424,7 +478,15 @@ CAUSES: tuple = (
           "the traceback goes through torch/utils/checkpoint.py; TORCH_DISTRIBUTED_DEBUG=DETAIL names the parameter",
           "use non-reentrant checkpointing (checkpoint(..., use_reentrant=False); HF: "
           "gradient_checkpointing_kwargs={'use_reentrant': False}), or DDP(..., static_graph=True) when the "
-          "graph never changes"),
+          "graph never changes",
+          candidates=(
+              ("ddp-reentrant-checkpoint", "the traceback or config shows activation checkpointing (torch/utils/"
+                                           "checkpoint.py, gradient_checkpointing, use_reentrant): non-reentrant "
+                                           "checkpointing or static_graph=True"),
+              ("parameter-used-twice", "no checkpointing: a module or parameter used twice in one forward (shared "
+                                       "layers, tied weights) with find_unused_parameters=True, or used outside "
+                                       "forward: TORCH_DISTRIBUTED_DEBUG=DETAIL names it; static_graph=True or "
+                                       "find_unused_parameters=False"))),
     Cause("cuda-fork", "CUDA used in a forked subprocess",
           (r"Cannot re-initialize CUDA in forked subprocess",),
           "CUDA cannot be used in a process forked after the parent initialised it: DataLoader workers that "
@@ -488,7 +550,16 @@ CAUSES: tuple = (
           "the timeout: that rank was busy with long work, or gone.",
           "the other ranks' last lines: long work (dataset preprocessing, loading) or an error",
           "find what the missing rank was doing; move long work out of the distributed section or raise "
-          "timeout= in init_process_group"),
+          "timeout= in init_process_group",
+          candidates=(
+              ("slow-rank-timeout", "one rank was busy with work of its own (preprocessing, loading, saving) "
+                                    "before it reached the store: its progress lines run up to the timeout; move "
+                                    "the work or raise timeout="),
+              ("peer-closed", "a rank never arrived: its own error or signal comes first in the log, or fewer "
+                              "ranks started than WORLD_SIZE (count the ranks that printed): fix or start that rank"),
+              ("rendezvous-unreachable", "several nodes, at start-up: the other nodes' store traffic is dropped (a "
+                                         "firewall, the wrong interface): nc -zv MASTER_ADDR MASTER_PORT from every "
+                                         "node; ddpdoctor check --only port"))),
     Cause("slow-rank-timeout", "timeout while one rank did long work (dataset, loading, checkpoint)",
           (),
           "One rank spent longer than the process group timeout in work of its own (tokenizing or mapping a "
@@ -567,7 +638,6 @@ CAUSES: tuple = (
            r"connect\(\) timed out", r"^RuntimeError: Connection timed out\s*$",
            r"Timed out initializing process group in store based barrier",
            r"TCP client failed to connect/validate to host",
-           r"[Cc]onnection refused",
            r"RendezvousTimeoutError|RendezvousConnectionError",
            r"Timed out after \d+ seconds waiting for clients",
            r"The client socket has failed to connect to any network address"),
@@ -577,6 +647,26 @@ CAUSES: tuple = (
           "ddpdoctor check --only port (on every node)",
           "make MASTER_ADDR an address every node can reach, open the port, and launch every node "
           "with the same --nnodes/--nproc-per-node"),
+    Cause("connection-refused", "connection refused: the store not up, a peer gone, or NCCL's interface",
+          (r"[Cc]onnection refused",),
+          "A connection was refused: nothing listened at the address and port. The line is the same for "
+          "several causes: at start-up the store on MASTER_ADDR:MASTER_PORT is not there (the master not started "
+          "yet, a wrong address or port, a firewall that rejects); later, the process that held the store or a "
+          "peer exited first; or, for NCCL's and gloo's own connections between ranks, the address they "
+          "advertised is on an interface the peer cannot reach.",
+          "ddpdoctor check --only port (on every node); the first failure in the log (torchrun's Root Cause); "
+          "NCCL_DEBUG=INFO's 'NET/Socket : Using' line",
+          "the fix of the candidate the log points at (see the candidates)",
+          candidates=(
+              ("rendezvous-unreachable", "at start-up, before any step: nothing listens at MASTER_ADDR:MASTER_PORT "
+                                         "(the master not started yet, a wrong address or port, a firewall): "
+                                         "ddpdoctor check --only port on every node"),
+              ("peer-closed", "after the job had started, or another rank's error or signal comes first: the "
+                              "process holding the store (rank 0, the master node's agent) or the peer exited; "
+                              "fix the rank that failed first"),
+              ("nccl-wrong-interface", "the line is NCCL's or gloo's connection between ranks (NCCL WARN ... "
+                                       "Connect to ... failed, NET/Socket): the interface it chose is not reachable "
+                                       "from the peer; set NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME"))),
     Cause("nccl-watchdog-timeout", "NCCL watchdog timeout",
           (r"Watchdog caught collective operation timeout", r"ProcessGroupNCCL's watchdog",
            r"^(?:(?!WorkNCCL\(SeqNum=).)*WorkNCCL\(SeqNum=\d+.*ran for \d+ milliseconds before timing out"),
@@ -701,7 +791,7 @@ CAUSES: tuple = (
               ("cuda-oom", "only rank 0's own process is on GPU 0 and its memory grew to the GPU's size: the "
                            "model, batch or activations do not fit; a smaller batch, mixed precision, "
                            "activation checkpointing, or sharding (FSDP/ZeRO)"))),
-    Cause("teardown-abort", "a finished job aborted at interpreter exit (a torch/gloo exit bug)",
+    Cause("teardown-abort", "a rank aborted in std::terminate: the torch/gloo exit race, or on the way out",
           (r"terminate called without an active exception",),
           "The job's work finished; {rank} aborted during interpreter teardown: a torch/gloo exit bug, not a "
           "training failure. A gloo worker thread was still dropping the last collective's work (which takes "
@@ -713,7 +803,20 @@ CAUSES: tuple = (
           "in take_gil",
           "import ddpdoctor (or ddpdoctor.diagnostics) in the training script: its exit hook waits until gloo's "
           "worker threads are idle before the interpreter finalizes; or end the script with "
-          "ddpdoctor.exit_now() to skip the interpreter's teardown"),
+          "ddpdoctor.exit_now() to skip the interpreter's teardown",
+          candidates=(
+              ("teardown-abort", "the work had finished, no Python traceback comes before the line and the rank "
+                                 "exited by SIGABRT (-6): the exit race; import ddpdoctor, or call "
+                                 "destroy_process_group() before the script ends"),
+              ("earlier-error", "a Python traceback comes before it: the process was already ending because of "
+                                "that error and aborted on the way out; fix the error above"),
+              ("native-thread-abort", "it aborts in the middle of training with no Python error: a C++ thread of an "
+                                      "extension or a library was destroyed while running; faulthandler "
+                                      "(python -X faulthandler) or gdb's backtrace names the library")),
+          undecided="The process ({rank}) aborted in std::terminate: a C++ thread object was destroyed while its thread still "
+                    "ran. Three things print this line alike: torch/gloo's exit race after the work finished (a "
+                    "worker thread still running while the interpreter finalizes), a process already ending "
+                    "because of an earlier error, or a native library's thread in the middle of training."),
     Cause("peer-closed", "a peer rank went away",
           (r"Connection closed by peer", r"Connection reset by peer",
            r"Failed to recv, got 0 bytes\. Connection was likely closed"),
@@ -780,7 +883,16 @@ CAUSES: tuple = (
           "nvidia-smi (driver version, Xid errors in dmesg); python -c 'import torch; print(torch.version.cuda, "
           "torch.cuda.nccl.version())'",
           "update the driver to one that supports the wheel's CUDA, reset or drain a GPU with Xid errors, or "
-          "free GPU memory before the communicator is created"),
+          "free GPU memory before the communicator is created",
+          candidates=(
+              ("cuda-oom", "the CUDA error is 'out of memory': the GPU was full when NCCL allocated its buffers; "
+                           "free memory before the first collective, or lower NCCL_BUFFSIZE"),
+              ("gpu-bad-state", "'an illegal memory access', 'unspecified launch failure', 'ECC' or Xid errors in "
+                                "dmesg: a kernel before NCCL failed or the GPU is bad; CUDA_LAUNCH_BLOCKING=1 "
+                                "names the kernel; reset or drain the GPU"),
+              ("cuda-driver-mismatch", "'driver version is insufficient', 'initialization error', 'system not yet "
+                                       "initialized': the driver (or the fabric manager) does not fit the wheel's "
+                                       "CUDA; nvidia-smi against torch.version.cuda"))),
     Cause("nccl-warn", "an NCCL warning",
           (r"\.(?:cc|cu|h|c):\d{1,9} NCCL WARN ",),
           "NCCL's own warning; the file named before 'NCCL WARN' is the subsystem (graph/ topology, "

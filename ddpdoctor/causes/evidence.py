@@ -47,6 +47,7 @@ MAX_LINE = 4096
 _KEPT = 400  # the characters of a line kept as evidence; shown shortened, after redaction (shorten)
 
 _NPROC = re.compile(r"--nproc[-_]per[-_]node[= ](\d{1,9})(?!\d)")
+_NNODES = re.compile(r"--nnodes[= ](\d{1,9})(?!\d)")
 _VISIBLE = re.compile(r"CUDA_VISIBLE_DEVICES=([0-9][0-9,]*)")
 _FIND_UNUSED_ON = re.compile(r"find_unused_parameters\s*=\s*True")
 _SYNCBN_FRAME = re.compile(r"batchnorm\.py\", line \d+, in forward|sync_bn|SyncBatchNorm|SyncBN")
@@ -70,7 +71,7 @@ _OLD_GPU = re.compile(r"which is of cuda capability (\d+\.\d+)")
 _PIP_NCCL = re.compile(r"nvidia-nccl-(cu\d+)\s+(\d[\w.]*)")
 _LD_NCCL = re.compile(r"LD_LIBRARY_PATH.*nccl|/nccl-?[\d.]+/lib")
 _WINDOWS = re.compile(r"[A-Z]:\\\\|[A-Z]:\\[A-Za-z]|\.exe\b|Windows")
-_LR_PASSED = re.compile(r"unrecognized arguments: (--local[-_]rank)")
+_LR_PASSED = re.compile(r"unrecognized arguments: ((?:--|[\u2013\u2014]-?)local[-_]rank)")
 _LR_DECLARED = re.compile(r"\[(--local[-_]rank) ")
 _MEM_LINE = re.compile(r"CPU Virtual Memory:.*percent = (\d+(?:\.\d+)?)%")
 _SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d{1,7})\b")
@@ -106,6 +107,17 @@ _OOM_RANK = re.compile(r"^\s*\[(?:rank|default)(\d{1,9})\]")
 # nvidia-smi's process table: "|    0     62250      C   /usr/bin/python3.6     4903MiB |" (GI/CI columns since 450).
 _SMI_ROW = re.compile(r"^\W{0,4}\|\s+(\d{1,2})\s+(?:N/A\s+N/A\s+)?(\d{1,9})\s+(?:C\+G|C|G)\s+\S")
 _SMI_MAX = 4096  # rows kept: bounded memory on any log
+# "cannot pickle 'X' object": a new process (spawn) or a save or copy, by the traceback's frames.
+_SPAWN_SIGN = re.compile(r"multiprocessing/reduction\.py|ForkingPickler|popen_spawn|multiprocessing/spawn\.py|"
+                         r"ddp_spawn|DDPSpawn|_MultiProcessingDataLoaderIter|mp\.spawn\(")
+_SAVE_SIGN = re.compile(r"torch/serialization\.py|/copy\.py\b|\bdeepcopy\(|\btorch\.save\(")
+_TERMINATE = "terminate called without an active exception"
+# "marked ready twice": activation checkpointing in the traceback or the config.
+_CHECKPOINTING = re.compile(r"utils/checkpoint\.py|gradient_checkpointing|use_reentrant|CheckpointFunction|"
+                            r"activation_checkpoint|checkpoint_sequential")
+# "no kernel image": a compiled extension's frame or name in the traceback.
+_EXTENSION = re.compile(r"site-packages/(?:apex|mmcv|flash_attn|deepspeed/ops|xformers|detectron2|bitsandbytes|"
+                        r"spconv|torch_scatter|torch_sparse|pointnet2|nvdiffrast)\b|_C\.\w+\.so|_ext\b")
 _TB_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 # ddpdoctor's own errors: the cause and the exception names that stand for it.
 _OWN_ERRORS = {"ddpdoctor-desync": ("DesyncError",),
@@ -173,6 +185,11 @@ class Evidence:
     oom_shared: str = ""      # an out-of-memory on GPU 0 listing several processes, or from a rank other than 0
     smi_rows: dict = field(default_factory=dict)  # nvidia-smi's process table: GPU index -> set of PIDs
     smi_line: str = ""        # its first row on GPU 0
+    error_before_abort: str = ""  # a Python traceback before "terminate called without an active exception"
+    spawn_sign: str = ""      # the pickling was multiprocessing's: a new process (spawn, DataLoader workers)
+    save_sign: str = ""       # the pickling was a save or a copy (torch.save, copy.deepcopy)
+    checkpointing: str = ""   # activation checkpointing in the traceback or config
+    extension: str = ""       # a compiled extension in the traceback
 
 
 def gather(lines: Sequence[str]) -> Evidence:
@@ -284,7 +301,7 @@ def gather(lines: Sequence[str]) -> Evidence:
             ev.ld_nccl = True
         if not ev.windows and (":\\" in line or ".exe" in line or "Windows" in line) and _WINDOWS.search(line):
             ev.windows = True
-        if "--local" in line:
+        if "local" in line and ("-local" in line or "\u2013local" in line or "\u2014local" in line):  # dashes as typed
             m = _LR_PASSED.search(line)
             if m:
                 ev.lr_passed = m.group(1)
@@ -298,14 +315,39 @@ def gather(lines: Sequence[str]) -> Evidence:
     return ev
 
 
-def gather_more(lines: Sequence[str], ev: Evidence, port: bool, tensor: bool, memory: bool) -> None:
+def gather_more(lines: Sequence[str], ev: Evidence, port: bool, tensor: bool, memory: bool,
+                abort: bool = False, pickle: bool = False, twice: bool = False, kernel: bool = False) -> None:
     """A second pass, only when a cause in play needs it (most logs never pay for it): who chose the port of
-    "address already in use" (``port``), what the log shows of a tensor NCCL refused (``tensor``), and GPU 0
-    shared by several processes (``memory``: the out-of-memory line, nvidia-smi's process table)."""
-    if not (port or tensor or memory):
+    "address already in use" (``port``), what the log shows of a tensor NCCL refused (``tensor``), GPU 0
+    shared by several processes (``memory``: the out-of-memory line, nvidia-smi's process table), a Python
+    traceback before a C++ abort (``abort``), who pickled an object that cannot be pickled (``pickle``),
+    activation checkpointing beside "marked ready twice" (``twice``), an extension beside "no kernel image"
+    (``kernel``)."""
+    if not (port or tensor or memory or abort or pickle or twice or kernel):
         return
+    traceback = ""
     for raw in lines:
         line = raw[:MAX_LINE]
+        if abort:
+            if "Traceback (most recent call last)" in line:
+                traceback = traceback or line.strip()[:_KEPT]
+            elif traceback and ("Error" in line or "Exception" in line) and _EXC.match(line.strip()):
+                traceback = line.strip()[:_KEPT]  # the exception the traceback ends in says more than its header
+            elif _TERMINATE in line:
+                ev.error_before_abort, abort = traceback, False  # only what came before the first abort counts
+        if twice and not ev.checkpointing and ("heckpoint" in line or "reentrant" in line) \
+                and _CHECKPOINTING.search(line):
+            ev.checkpointing = line.strip()[:_KEPT]
+        if kernel and not ev.extension and ("site-packages/" in line or "_ext" in line or "_C." in line) \
+                and _EXTENSION.search(line):
+            ev.extension = line.strip()[:_KEPT]
+        if pickle:
+            if not ev.spawn_sign and ("multiprocessing" in line or "Pickler" in line or "spawn" in line
+                                      or "Spawn" in line or "MultiProcessing" in line) and _SPAWN_SIGN.search(line):
+                ev.spawn_sign = line.strip()[:_KEPT]
+            if not ev.save_sign and ("serialization" in line or "copy" in line or "save(" in line) \
+                    and _SAVE_SIGN.search(line):
+                ev.save_sign = line.strip()[:_KEPT]
         if port:
             if not ev.port_code_sign and ("tcp" in line or "MASTER_PORT" in line) and _PORT_CODE.search(line):
                 ev.port_code_sign = line.strip()[:_KEPT]
@@ -340,6 +382,9 @@ SUBSUMED_BY = {
     "shm-too-small": ("shm-permission",),
     "dataloader-worker-exited": ("shm-too-small", "shm-permission", "host-oom"),
     "rendezvous-unreachable": ("master-host-unresolved", "nccl-wrong-interface", "slurm-tasks-mismatch"),
+    "connection-refused": ("rendezvous-unreachable", "master-host-unresolved", "nccl-wrong-interface",
+                           "socket-ifname-missing", "slurm-tasks-mismatch", "nccl-remote-error", "nccl-ib-network"),
+    "pickle-error": ("spawn-pickle",),
     "peer-closed": ("nccl-remote-error", "nccl-ib-network", "nccl-wrong-interface"),
     "store-timeout": ("slow-rank-timeout",),
     "nccl-watchdog-timeout": ("slow-rank-timeout",),
@@ -480,9 +525,14 @@ def refine(lines: Sequence[str], found: dict, by_id: dict, make: Callable) -> Ev
                               "--nproc-per-node with nvidia-smi -L (the log does not show both counts).")
     if "more-ranks-than-gpus" in found:
         if counts:
+            found["more-ranks-than-gpus"].decided = True  # the counts settle it
             note("more-ranks-than-gpus", counts)
         elif ev.nproc is not None:
             note("more-ranks-than-gpus", f"The log starts {ev.nproc} processes per node.")
+        if not counts:  # several nodes: a rank past the first may use its global rank as the device
+            nodes = next((ln.strip() for ln in lines if "nnodes" in ln[:MAX_LINE]
+                          and (n := _NNODES.search(ln[:MAX_LINE])) and int(n.group(1)) > 1), "")
+            _rank_first(found, "more-ranks-than-gpus", "global-rank-as-device", nodes[:_KEPT])
 
     # Slurm: fewer ranks joined than the world the trainer expects.
     if ev.slurm and "slurm-tasks-mismatch" in by_id:
@@ -611,8 +661,60 @@ def refine(lines: Sequence[str], found: dict, by_id: dict, make: Callable) -> Ev
                                       or "NET/OFI" in ev.net_last_error) else "nccl-wrong-interface"
         _rank_first(found, "nccl-remote-error", first, ev.net_last_error)
 
+    # "Connection refused", "Socket Timeout": a rank that died first (a signal) puts the peer first; NCCL's own
+    # connection line puts its interface first.
+    crashed = [s for s in ev.crash_signals if s not in ("SIGABRT",)]
+    if "connection-refused" in found:
+        said = found["connection-refused"].evidence
+        if "NCCL" in said or "NET/" in said:
+            _rank_first(found, "connection-refused", "nccl-wrong-interface", said)
+        elif crashed:
+            _rank_first(found, "connection-refused", "peer-closed", f"a rank died by {crashed[0]}")
+    if "store-timeout" in found and crashed:
+        _rank_first(found, "store-timeout", "peer-closed", f"a rank died by {crashed[0]}")
+    # The wrapper's device against the model's: all on GPU 0 while the wrapper has the rank's GPU is the model put on
+    # one fixed GPU; a GPU 0 wrapper with a parameter elsewhere is a model spread over GPUs (the default order).
+    if "module-device-mismatch" in found:
+        groups = found["module-device-mismatch"].groups
+        if groups.get("want", "0") != "0" and groups.get("got") == "0":
+            _rank_first(found, "module-device-mismatch", "model-on-wrong-gpu", found["module-device-mismatch"].evidence)
+    # An NCCL WARN from its CUDA calls: the CUDA error it quotes puts that failure first.
+    if "nccl-warn-cuda" in found:
+        said = found["nccl-warn-cuda"].evidence.lower()
+        for cid, words in (("cuda-oom", ("out of memory",)),
+                           ("gpu-bad-state", ("illegal memory access", "launch failure", "ecc", "xid")),
+                           ("cuda-driver-mismatch", ("driver version", "initialization error", "not yet initialized"))):
+            if any(w in said for w in words):
+                _rank_first(found, "nccl-warn-cuda", cid, found["nccl-warn-cuda"].evidence)
+                break
+
     gather_more(lines, ev, port="port-in-use" in found, tensor="cpu-tensor-nccl" in found,
-                memory=not found or "cuda-oom-gpu0" in found)
+                memory=not found or "cuda-oom-gpu0" in found, abort="teardown-abort" in found,
+                pickle="pickle-error" in found, twice="ddp-reentrant-checkpoint" in found,
+                kernel="cuda-arch-unsupported" in found)
+    # "marked ready twice": checkpointing in the log decides it; without, a parameter used twice is as likely.
+    if "ddp-reentrant-checkpoint" in found and ev.checkpointing:
+        found["ddp-reentrant-checkpoint"].decided = True
+        note("ddp-reentrant-checkpoint", f"The log shows checkpointing: '{shorten(ev.checkpointing, 100)}'.")
+    # "no kernel image": torch's own warning about the GPU decides torch's build; an extension's frame puts it first.
+    if "cuda-arch-unsupported" in found:
+        if ev.gpu_arch or ev.old_gpu_cc or "no kernel image" not in found["cuda-arch-unsupported"].evidence:
+            found["cuda-arch-unsupported"].decided = True
+        elif ev.extension:
+            _rank_first(found, "cuda-arch-unsupported", "extension-arch-unsupported", ev.extension)
+    # "terminate called without an active exception": the finished job's exit race only when the rank aborted
+    # (SIGABRT) and no Python traceback came before; a traceback before it puts that error first.
+    if "teardown-abort" in found:
+        if ev.error_before_abort:
+            _rank_first(found, "teardown-abort", "earlier-error", ev.error_before_abort)
+        elif 6 in ev.signalled.values() or "SIGABRT" in ev.crash_signals:
+            found["teardown-abort"].decided = True
+    # "cannot pickle": a save or a copy in the traceback puts that first; multiprocessing's pickler decides spawn.
+    if "pickle-error" in found:
+        if ev.save_sign:
+            _rank_first(found, "pickle-error", "checkpoint-pickle", ev.save_sign)
+        elif ev.spawn_sign and add("spawn-pickle", like="pickle-error"):
+            note("spawn-pickle", f"The traceback shows a new process's pickling: '{shorten(ev.spawn_sign, 100)}'.")
     # "address already in use": the log shows who chose the port (the program's own choice wins: under any
     # launcher, a tcp:// init method or a MASTER_PORT set in code is the port the store used).
     if "port-in-use" in found:

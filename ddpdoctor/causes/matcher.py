@@ -51,7 +51,9 @@ class Match:
 
     @property
     def meaning(self) -> str:
-        return _fill(self.cause.meaning, self.groups) + (f" {self.extra}" if self.extra else "")
+        """What the message means: the family's own text while the log leaves it a family (``undecided``)."""
+        text = self.cause.undecided if self.cause.undecided and self.candidates else self.cause.meaning
+        return _fill(text, self.groups) + (f" {self.extra}" if self.extra else "")
 
     @property
     def fix(self) -> str:
@@ -380,9 +382,10 @@ class LogScanner:
         if lines is None:
             lines = self._all if self._all is not None else self._kept
         refine(lines, found, {c.id: c for c, _ in self._table}, Match)
-        if "port-in-use" in found and "rendezvous-unreachable" in found:
-            # EADDRINUSE on the master makes the others time out: the timeout is a consequence.
-            found["rendezvous-unreachable"].extra = "Here most likely because the master could not listen (port-in-use)."
+        for refused in ("rendezvous-unreachable", "connection-refused"):
+            if "port-in-use" in found and refused in found:
+                # EADDRINUSE on the master makes the others time out or be refused: a consequence.
+                found[refused].extra = "Here most likely because the master could not listen (port-in-use)."
         matches = [found[c.id] for c, _ in self._table if c.id in found]
         return ScanResult(matches, self._first_failure(), self.cut_lines, self.chars,
                           self._all if self._all is not None else self._kept, self.evidence_partial)
