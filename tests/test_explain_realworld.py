@@ -152,7 +152,7 @@ FOURTH = score.load_cases(os.path.join(os.path.dirname(score.__file__), "heldout
 def test_fourth_heldout_set_is_new():
     """The fourth held-out set (issue 25, after heldout3 was seen): at least 25 real logs, one per thread, none from a
     thread of the earlier sets or of the older corpus, each labelled and scrubbed of addresses (loopback and 0.0.0.0
-    may stay). Not scored here: it is scored once, after the catalogue work of this round lands."""
+    may stay). Scored once, after the catalogue work of this round landed (see the score test below)."""
     assert len(FOURTH) >= 25
     sources = [c["source"] for c in FOURTH]
     assert len(set(sources)) == len(sources), "one log per thread"
@@ -181,3 +181,14 @@ def test_the_third_held_out_set_keeps_its_score():
     wrong = {c["id"] for c, _, o in results if o == "wrong"}
     assert not wrong, sorted(wrong)
     assert [o for _, _, o in results].count("right") >= 24, [(c["id"], o) for c, _, o in results if o != "right"]
+
+
+def test_the_fourth_held_out_set_keeps_its_score():
+    """Scored once, after this round's catalogue work (RESULTS.md): 18 of 28 right (64.3%), 1 partial, 1 wrong (324:
+    NCCL's bootstrap 'Message truncated', an NCCL 2.19.3 bug, named as a collective-size mismatch), 8 unknown (five
+    of them causes no log line names: an NCCL release's bug, uneven inputs, a Lightning or accelerate bug, a
+    notebook). It may not fall back, and no other case may become wrong."""
+    results = score.run(FOURTH)
+    wrong = {c["id"] for c, _, o in results if o == "wrong"}
+    assert wrong <= {"324"}, sorted(wrong)
+    assert [o for _, _, o in results].count("right") >= 18, [(c["id"], o) for c, _, o in results if o != "right"]
