@@ -174,6 +174,7 @@ def test_healthy_job_is_untouched_and_its_output_teed(cli_env, tmp_path):
     raw = run_dir / "output.raw.log"
     assert "rank 0 done" in raw.read_text() and (raw.stat().st_mode & 0o777) == 0o600
     assert not any(os.path.getsize(f) for f in glob.glob(str(run_dir / "stacks-*.txt")))  # never signalled
+    assert not any(os.path.getsize(f) for f in glob.glob(str(run_dir / "stackans-*.txt")))  # nor asked
     # --keep keeps the pictures too: each rank's 5 all_reduces on its own process of the trace, no mark
     trace = json.loads((run_dir / "trace.json").read_text())
     assert sorted(check_trace(trace).values()) == [0, 1]

@@ -174,7 +174,7 @@ def test_a_second_ctrl_c_skips_the_wait(cli_env, tmp_path):
         pids = job_pids(run_dir)
         proc.send_signal(signal.SIGINT)
         deadline = time.monotonic() + 60  # until run has read the job's stack (then it passes SIGINT on)
-        while not any(p.stat().st_size for p in run_dir.glob("stacks-*.txt")):
+        while not any(p.stat().st_size for p in [*run_dir.glob("stacks-*.txt"), *run_dir.glob("stackans-*.txt")]):
             assert time.monotonic() < deadline, "no stack read"
             time.sleep(0.05)
         time.sleep(0.5)
