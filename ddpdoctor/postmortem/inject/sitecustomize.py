@@ -176,22 +176,63 @@ def _ddpdoctor_loaded(name):
 _ddpdoctor_waiting = [None]  # (monotonic start, what): the collective the main thread is in (solo-wait)
 
 
-def _ddpdoctor_time_collectives(events, inflight):
+def _ddpdoctor_on_import(name, then):
+    """Call ``then(module)`` right after ``name`` is executed, when it is first imported: a finder first on
+    ``sys.meta_path`` that wraps that one module's loader (every other import goes by at one comparison),
+    and takes itself off when done. So collectives are timed and marked from the first one: a rank that
+    hangs at the barrier right after ``init_process_group`` would come before the heartbeat's next beat."""
+
+    class Finder:
+        @staticmethod
+        def find_spec(fullname, path=None, target=None):
+            if fullname != name:
+                return None
+            try:
+                sys.meta_path.remove(Finder)
+            except ValueError:
+                pass
+            try:
+                import importlib.util
+
+                spec = importlib.util.find_spec(fullname)
+                loader = getattr(spec, "loader", None)
+                real = getattr(loader, "exec_module", None)
+                if real is None:
+                    return spec
+
+                def exec_module(module):
+                    real(module)
+                    try:
+                        then(module)
+                    except Exception:  # noqa: BLE001 - never break the job's import
+                        pass
+
+                loader.exec_module = exec_module
+                return spec
+            except Exception:  # noqa: BLE001 - the normal import goes on
+                return None
+
+    sys.meta_path.insert(0, Finder)
+
+
+def _ddpdoctor_time_collectives(events, inflight, c10d=None):
     """Wrap torch.distributed's blocking collectives and DDP's all-reduce; True once done. ``inflight[0]``:
     the call in progress (start, op, bytes, n), None between calls: the heartbeat writes it once, so a
-    collective that never completes (a hang) is on the timeline too."""
+    collective that never completes (a hang) is on the timeline too. ``c10d``: the module just executed,
+    from the import hook (:func:`_ddpdoctor_on_import`), while its package is still being imported: then
+    only its functions are wrapped, and the package copies the wrapped ones; the heartbeat does the rest."""
     import threading
     import time
 
     waiting = _ddpdoctor_waiting
     main, ident = threading.main_thread().ident, threading.get_ident  # a collective of another thread: not marked
 
-    c10d = _ddpdoctor_loaded("torch.distributed.distributed_c10d")
     package = _ddpdoctor_loaded("torch.distributed")
-    if c10d is None or package is None:
+    c10d = c10d or _ddpdoctor_loaded("torch.distributed.distributed_c10d")
+    if c10d is None:
         return False
     clock = time.monotonic
-    count = [0]  # this rank's timed calls so far: the number each one gets
+    count = _ddpdoctor_state.setdefault("timed_count", [0])  # this rank's timed calls so far: each one's number
 
     def nbytes(x):
         # the bytes of a tensor, or of a list of tensors (all_gather's output): numel and element_size only
@@ -232,8 +273,10 @@ def _ddpdoctor_time_collectives(events, inflight):
             continue
         timed = wrap(real)
         setattr(c10d, name, timed)
-        if getattr(package, name, None) is real:
+        if package is not None and getattr(package, name, None) is real:
             setattr(package, name, timed)
+    if package is None:
+        return False  # the package is still being imported: the heartbeat comes back
     parallel = _ddpdoctor_loaded("torch.nn.parallel.distributed")
     if parallel is None:
         return False  # DDP may be imported later: come back
@@ -350,6 +393,15 @@ def _ddpdoctor_dump_recorder(run_dir, why, token="", stages=("quick", "full")):
         pass
 
 
+def _ddpdoctor_file_state(path):
+    """(inode, mtime in ns, size) of ``path``, None when absent: a request file changed when this does."""
+    try:
+        st = os.stat(path)
+        return st.st_ino, st.st_mtime_ns, st.st_size
+    except OSError:
+        return None
+
+
 def _ddpdoctor_recorder_thread(run_dir, signum, interval, progress_s=0.0):
     """Two daemon threads that dump the Flight Recorder when ``run`` or ``stacks`` asks (``fr-request``
     changed): threads, because a Python signal handler does not run while the main thread is blocked in
@@ -370,11 +422,7 @@ def _ddpdoctor_recorder_thread(run_dir, signum, interval, progress_s=0.0):
     ready = threading.Event()
 
     def seen():
-        try:
-            st = os.stat(request)
-            return st.st_ino, st.st_mtime_ns, st.st_size
-        except OSError:
-            return None
+        return _ddpdoctor_file_state(request)
 
     def watch():
         try:  # stack requests are for the main thread (see beat)
@@ -487,11 +535,7 @@ def _ddpdoctor_stack_thread(run_dir, signum, main_id):
     stack_fd = os.open(answers, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
 
     def seen():
-        try:
-            st = os.stat(request)
-            return st.st_ino, st.st_mtime_ns, st.st_size
-        except OSError:
-            return None
+        return _ddpdoctor_file_state(request)
 
     def answer():
         try:  # stack requests by signal are for the main thread (see beat)
@@ -565,6 +609,10 @@ def _ddpdoctor_install(role):
     patched = [False, False]  # the collectives wrapped, the step hook installed
     inflight = [None]  # the collective in progress (see _ddpdoctor_time_collectives)
     opened = [0]  # the number of the last one written as "open"
+
+    if (timing or marking) and "torch.distributed.distributed_c10d" not in sys.modules:
+        _ddpdoctor_on_import("torch.distributed.distributed_c10d",
+                             lambda module: _ddpdoctor_time_collectives(events, inflight, module))
 
     def flush_timings():
         if not (timing or marking):
