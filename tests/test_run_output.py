@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -151,7 +152,14 @@ def test_a_stalled_log_never_holds_the_output_back(tmp_path, monkeypatch):
         data = bytes(range(256)) * (4 << 12)  # 4 MiB
         with os.fdopen(r, "rb", buffering=0) as job_out:
             copy.start(job_out, sink)
-            writer = threading.Thread(target=_write_all, args=(w, data))
+            # the log's writer takes a first chunk and blocks writing it, before the rest comes: scheduled late
+            # (a loaded host), it would find the backlog already dropped and write nothing at all
+            _write_all(w, data[:100])
+            deadline = time.monotonic() + 20
+            while not (copy.bytes >= 100 and copy.chunks.qsize() == 0) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert copy.chunks.qsize() == 0 and copy.saved == 0, "the log's writer never took the first chunk"
+            writer = threading.Thread(target=_write_all, args=(w, data[100:]))
             writer.start()
             writer.join(timeout=30)
             assert not writer.is_alive(), "the job's writes were held back by the log"

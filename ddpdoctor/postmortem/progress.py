@@ -7,9 +7,9 @@ hang clock. What the injected hook does there, and how each is taken out at its 
 * its heartbeat thread (looks at the main thread's frames, writes ``beat-``, ``coll-``, ``proc-``
   files) and its two Flight Recorder threads (write ``flight-recorder-rank<N>`` and ``frdump-<pid>.json``
   when ``run`` or ``stacks`` asks, and ``frprog-<pid>.json``, the collectives' progress, at most twice a
-  second): those threads' own CPU time and I/O, read per thread from
-  ``/proc/<pid>/task/<tid>/`` (their thread ids are in ``proc-<pid>.json`` as ``own_threads``), are
-  subtracted. The dumps' bytes are taken out there, at the thread that wrote them, not again by file
+  second) and its stack thread (answers ``stackreq-<pid>`` in ``stackans-<pid>.txt``): the rank's CPU
+  time and I/O are summed over its other threads, read per thread from ``/proc/<pid>/task/<tid>/``
+  (ddpdoctor's thread ids are in ``proc-<pid>.json`` as ``own_threads``). The dumps' bytes are taken out there, at the thread that wrote them, not again by file
   size: subtracting them twice would change the count, and any change counts as progress;
 * stack dumps (faulthandler, on whichever thread takes the signal, at a ``ddpdoctor stacks`` or
   ``run`` request): the bytes it wrote are exactly what ``stacks-<pid>.txt`` holds, subtracted.
@@ -61,16 +61,30 @@ def _thread_io(pid: int, tid: int) -> int:
 def usage(pid: int, own_threads=(), own_files=()) -> tuple:
     """CPU seconds and bytes read+written by ``pid`` and its descendants, less ddpdoctor's own: the
     threads ``own_threads`` (thread ids in ``pid``) and the bytes in ``own_files`` (written by ``pid``
-    for ddpdoctor: its stack dumps)."""
+    for ddpdoctor: its stack dumps).
+
+    ``pid``'s own part is the sum over its other threads, each read once: the process's total less the
+    own threads' counters, read a moment later, would count what an own thread did in between (a Flight
+    Recorder dump's second of CPU, a stack answer's bytes) as the job's, and a look at a hung job would
+    then restart its hang clock."""
     import psutil  # here, not at the top: the wrapper starts the job before its first sample
 
     cpu, io = 0.0, 0
     try:
         me = psutil.Process(pid)
-        family = [me] + me.children(recursive=True)
+        children = me.children(recursive=True)
     except psutil.Error:
         return cpu, io
-    for q in family:
+    own = {t for t in own_threads if isinstance(t, int) and t > 0}
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task") if t.isdigit()]
+    except OSError:
+        return cpu, io
+    for tid in tids:
+        if tid not in own:
+            cpu += _thread_cpu(pid, tid)
+            io += _thread_io(pid, tid)
+    for q in children:
         try:
             with q.oneshot():
                 t = q.cpu_times()
@@ -79,10 +93,6 @@ def usage(pid: int, own_threads=(), own_files=()) -> tuple:
                 io += c.read_chars + c.write_chars
         except (psutil.Error, AttributeError):
             continue
-    for tid in own_threads:
-        if isinstance(tid, int) and tid > 0:
-            cpu -= _thread_cpu(pid, tid)
-            io -= _thread_io(pid, tid)
     for path in own_files:
         try:
             io -= os.path.getsize(path)
