@@ -297,11 +297,8 @@ print(json.dumps([json.load(open(f))["key"].split(":")[0] for f in sorted(glob.g
 """
 
 
-@pytest.mark.parametrize("mode, keys", [("set_epoch", []), ("never", ["never-called"])])
-def test_evaluation_pass_on_a_persistent_workers_loader_is_not_a_training_pass(tmp_path, mode, keys):
-    """The rank side alone, in a real process: a loader with persistent workers hands out one iterator
-    for every pass, so the evaluation pass over it must end when the next pass starts, not count as
-    training at the next epoch's first step."""
+def _watches_only(tmp_path):
+    """A folder with the hook's modules but its sitecustomize (a rank side run by hand imports them itself)."""
     import os
 
     import ddpdoctor.postmortem.rundir as rundir
@@ -311,6 +308,17 @@ def test_evaluation_pass_on_a_persistent_workers_loader_is_not_a_training_pass(t
     for source, name in rundir.inject_files():
         if name != "sitecustomize.py":
             os.symlink(source, inject / name)
+    return inject
+
+
+@pytest.mark.parametrize("mode, keys", [("set_epoch", []), ("never", ["never-called"])])
+def test_evaluation_pass_on_a_persistent_workers_loader_is_not_a_training_pass(tmp_path, mode, keys):
+    """The rank side alone, in a real process: a loader with persistent workers hands out one iterator
+    for every pass, so the evaluation pass over it must end when the next pass starts, not count as
+    training at the next epoch's first step."""
+    import os
+
+    inject = _watches_only(tmp_path)
     script = tmp_path / "rank_side.py"
     script.write_text(RANK_SIDE)
     # the worker's multiprocessing folder (a socket in it: the path must stay short), removed here
@@ -368,14 +376,9 @@ def test_an_unwrapped_model_is_named_when_one_rank_took_a_window_the_other_did_n
     window's frame and rank 1 by position: they were in no comparison and the desync went unnamed."""
     import os
 
-    import ddpdoctor.postmortem.rundir as rundir
     from ddpdoctor.postmortem.watches import Watches
 
-    inject = tmp_path / "inject"
-    inject.mkdir()
-    for source, name in rundir.inject_files():
-        if name != "sitecustomize.py":
-            os.symlink(source, inject / name)
+    inject = _watches_only(tmp_path)
     script = tmp_path / "windows_apart.py"
     script.write_text(WINDOWS_APART)
     env = {k: v for k, v in os.environ.items() if not k.startswith("DDPDOCTOR_")}

@@ -445,13 +445,13 @@ def _signal_dump(proc: RankProcess, path: str, wait: float) -> tuple:
     return text, ""
 
 
-def _read_handlers(procs: Sequence[RankProcess], wait: float) -> dict:
+def _read_handlers(procs: Sequence[tuple], wait: float) -> dict:
     """``{pid: StackReading}`` through the hooks ``ddpdoctor run`` injects, all ranks at once: each hook's
     thread is asked (``stackreq-<pid>``) and reads its process's stacks under the GIL; a process whose
     thread does not answer within 60% of ``wait`` (at least a second) gets the stack signal, and
     faulthandler's dump, for the rest of it (at least a second): its GIL is held, by a C call stuck
     without releasing it (the error says so), or its hook predates the thread."""
-    asks = [_request(p, p.handler_file() or "") for p in procs]
+    asks = [_request(p, path) for p, path in procs]  # (process, its stack file)
     started = time.monotonic()
     patience = min(wait, max(1.0, 0.6 * wait))
     answers: dict = {}
@@ -510,7 +510,7 @@ def read_stacks(procs: Sequence[RankProcess], wait: float = 3.0) -> list:
                 continue
             tried[p.pid] = err
     rest = [p for p in procs if p.pid not in got]
-    hooked = [p for p in rest if p.handler_file()]
+    hooked = [(p, path) for p in rest if (path := p.handler_file())]  # its record read once
     got.update(_read_handlers(hooked, wait) if hooked else {})
     out = []
     for p in procs:
