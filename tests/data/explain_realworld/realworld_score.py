@@ -5,6 +5,7 @@
     python tests/data/explain_realworld/realworld_score.py --heldout  # include the held-out half (score it once, at the end)
     python tests/data/explain_realworld/realworld_score.py --set heldout2   # the second held-out set (heldout2/)
     python tests/data/explain_realworld/realworld_score.py --set heldout3   # the third held-out set (heldout3/)
+    python tests/data/explain_realworld/realworld_score.py --set heldout5   # the fifth held-out set (heldout5/; heldout4/ likewise)
 
 The logs (``logs/``) are what users pasted in the thread named in ``cases.tsv`` (user names, hosts,
 addresses removed), picked by searching for the symptom; ``expect`` is the cause the thread settled.
