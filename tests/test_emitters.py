@@ -17,7 +17,7 @@ import coverage  # noqa: E402
 import extract  # noqa: E402
 
 # The coverage measured when the catalogue last changed (covered templates per emitter): it may only rise.
-FLOOR = {"torch": 890, "nccl": 599, "gloo": 115, "accelerate": 231, "torch-cpp": 20}
+FLOOR = {"torch": 890, "nccl": 599, "gloo": 115, "accelerate": 231, "torch-cpp": 313}
 
 
 def test_python_messages():

@@ -44,14 +44,14 @@ _CPP_KINDS = {"(TORCH_WARN)": "warn", "(LOG ERROR)": "E", "(LOG WARNING)": "W", 
               "(C10D_WARNING)": "c10d-W"}
 
 
-def cpp_log_of(row: dict) -> str:
+def cpp_log_of(row: dict, fill: str = "x") -> str:
     """A torch C++ (c10d) message as a log shows it, from the rank that printed it (``[rank0]:``): an exception
     is its message then "Exception raised from FUNC at ../torch/csrc/distributed/c10d/FILE:LINE (most recent
     call first):" and the first frame; TORCH_WARN is "[W1125 ... FILE:LINE] Warning: MSG (function FUNC)";
     LOG(ERROR/WARNING) is "[E1125 ... FILE:LINE] MSG" (C10D_ERROR/C10D_WARNING add "[c10d] ")."""
     path, _, kind = row["file"].partition(" ")
     name = path.rsplit("/", 1)[-1]
-    msg = row["template"].replace("{}", "x")
+    msg = row["template"].replace("{}", fill)
     kind = _CPP_KINDS.get(kind, "raise")
     stamp = "1125 02:26:31.059000000 24546"
     if kind == "warn":
@@ -81,10 +81,11 @@ def covering(row: dict, compiled: list, skip: frozenset = frozenset()):
     if row["emitter"] in ("torch", "accelerate", "torch-cpp"):
         from ddpdoctor.causes.matcher import explain_text
 
-        log = cpp_log_of(row) if row["emitter"] == "torch-cpp" else traceback_of(row)
-        found = [m.cause.id for m in explain_text(log) if m.cause.id not in skip]
-        if found:
-            return found[0]
+        logs = [cpp_log_of(row, f) for f in FILLS] if row["emitter"] == "torch-cpp" else [traceback_of(row)]
+        for log in logs:
+            found = [m.cause.id for m in explain_text(log) if m.cause.id not in skip]
+            if found:
+                return found[0]
     texts = shown(row)
     for cid, pattern in compiled:
         if any(pattern.search(t) for t in texts):
@@ -93,7 +94,7 @@ def covering(row: dict, compiled: list, skip: frozenset = frozenset()):
 
 
 def measure(rows=None, causes=None, specific: bool = False) -> dict:
-    """{emitter: (covered, total, version)}; ``specific``: count only causes that are not a family by
+    """{emitter: (covered, total, versions)}, the versions comma-separated; ``specific``: count only causes that are not a family by
     source file (evidence.AREA)."""
     if causes is None:
         from ddpdoctor.causes.catalogue import CAUSES as causes
@@ -104,8 +105,10 @@ def measure(rows=None, causes=None, specific: bool = False) -> dict:
     out: dict = {}
     for row in rows if rows is not None else load():
         hit = covering(row, compiled, skip) is not None
-        covered, total, _ = out.get(row["emitter"], (0, 0, row["version"]))
-        out[row["emitter"]] = (covered + hit, total + 1, row["version"])
+        covered, total, versions = out.get(row["emitter"], (0, 0, row["version"]))
+        if row["version"] not in versions.split(", "):
+            versions += ", " + row["version"]
+        out[row["emitter"]] = (covered + hit, total + 1, versions)
     return out
 
 
@@ -124,6 +127,7 @@ def main(argv=None) -> int:
         return 0
     exact = measure(specific=True)
     for emitter, (covered, total, version) in sorted(measure().items()):
+        version = version if "," not in version else f"{version.count(',') + 1} versions"
         print(f"{emitter:<11} {version:<14} {covered:>4} of {total:>4} templates covered ({100.0 * covered / total:.1f}%); "
               f"by a specific cause {exact[emitter][0]} ({100.0 * exact[emitter][0] / total:.1f}%)")
     return 0
