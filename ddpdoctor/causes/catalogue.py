@@ -1010,8 +1010,9 @@ CAUSES: tuple = (
     # "[E... FILE:LINE]" / "[W... FILE:LINE]" line of a LOG/TORCH_WARN. Families, dropped (evidence.AREA)
     # whenever any other cause is found; the last entries of the table.
     Cause("torch-reducer-error", "DDP's reducer (C++) refused the iteration",
-          (r"c10d/(?:reducer|logger|comm|default_comm_hooks)\.(?:cpp|hpp):\d{1,9} \(most recent call first\)",
-           r"(?:\[|^)[EF][^\]\[]{0,160}?\b(?:reducer|logger|comm)\.(?:cpp|hpp):\d{1,9}\] "),
+          (r"c10d/(?:reducer\.cpp|reducer\.hpp|logger\.cpp|comm\.cpp|default_comm_hooks\.cpp):\d{1,9} "
+           r"\(most recent call first\)",
+           r"(?:\[|^)[EF][^\]\[]{0,160}?\b(?:reducer\.cpp|logger\.cpp|comm\.cpp):\d{1,9}\] "),
           "DistributedDataParallel's C++ reducer checked the iteration and refused (the message above the "
           "'Exception raised from' line says what): the gradients, parameters or buckets it saw were not what "
           "it expected, usually because of how the model or the training loop uses DDP.",
@@ -1026,10 +1027,10 @@ CAUSES: tuple = (
               ("ddp-api-misuse", "it names a DDP call made twice or at the wrong time (register_comm_hook, "
                                  "static graph, buckets, sparse gradients): change the call as it says"))),
     Cause("torch-store-error", "the c10d store (TCPStore, FileStore) or its sockets failed",
-          (r"c10d/(?:TCPStore|TCPStoreBackend|TCPStoreLibUvBackend|socket|FileStore|HashStore|PrefixStore|Store)"
-           r"\.(?:cpp|hpp|h):\d{1,9} \(most recent call first\)",
-           r"(?:\[|^)[EF][^\]\[]{0,160}?\b(?:TCPStore|TCPStoreBackend|TCPStoreLibUvBackend|socket|FileStore)"
-           r"\.(?:cpp|hpp):\d{1,9}\] "),
+          (r"c10d/(?:TCPStore\.cpp|TCPStore\.hpp|TCPStoreBackend\.cpp|TCPStoreLibUvBackend\.cpp|socket\.cpp|"
+           r"FileStore\.cpp|HashStore\.cpp|PrefixStore\.cpp|Store\.cpp|Store\.hpp):\d{1,9} \(most recent call first\)",
+           r"(?:\[|^)[EF][^\]\[]{0,160}?\b(?:TCPStore\.cpp|TCPStoreBackend\.cpp|TCPStoreLibUvBackend\.cpp|socket\.cpp|"
+           r"FileStore\.cpp):\d{1,9}\] "),
           "The key-value store the ranks meet at (MASTER_ADDR:MASTER_PORT, or the file:// path) failed: a "
           "connection to it could not be made or was lost, a port could not be bound, or a wait ran past the "
           "timeout.",
@@ -1045,8 +1046,10 @@ CAUSES: tuple = (
               ("port-in-use", "'failed to bind' or 'failed to listen' on the server: MASTER_PORT is taken; "
                               "choose a free port"))),
     Cause("torch-nccl-pg-error", "torch's NCCL process group (C++) failed",
-          (r"c10d/(?:ProcessGroupNCCL|NCCLUtils)\.(?:cpp|hpp):\d{1,9} \(most recent call first\)",
-           r"(?:\[|^)[EF][^\]\[]{0,160}?\b(?:ProcessGroupNCCL|NCCLUtils)\.(?:cpp|hpp):\d{1,9}\] "),
+          (r"c10d/(?:ProcessGroupNCCL\.cpp|ProcessGroupNCCL\.hpp|NCCLUtils\.cpp|NCCLUtils\.hpp):\d{1,9} "
+           r"\(most recent call first\)",
+           r"(?:\[|^)[EF][^\]\[]{0,160}?\b(?:ProcessGroupNCCL\.cpp|ProcessGroupNCCL\.hpp|NCCLUtils\.cpp|"
+           r"NCCLUtils\.hpp):\d{1,9}\] "),
           "torch's ProcessGroupNCCL raised or logged an error: a collective's arguments were refused, an NCCL "
           "call failed, or the process group was aborted after another failure (a timeout, a peer's exit).",
           "the first error in the log (an NCCL error, a timeout or a rank's own traceback before this line); "
@@ -1061,9 +1064,9 @@ CAUSES: tuple = (
               ("nccl-watchdog-timeout", "a collective ran past the timeout: one rank stopped or is slower; its "
                                         "own lines say why"))),
     Cause("torch-gloo-pg-error", "torch's gloo process group (C++) refused a collective",
-          (r"c10d/(?:ProcessGroupGloo|ProcessGroupWrapper|GlooDeviceFactory)\.(?:cpp|hpp):\d{1,9} "
-           r"\(most recent call first\)",
-           r"(?:\[|^)[EF][^\]\[]{0,160}?\b(?:ProcessGroupGloo|ProcessGroupWrapper)\.(?:cpp|hpp):\d{1,9}\] "),
+          (r"c10d/(?:ProcessGroupGloo\.cpp|ProcessGroupGloo\.hpp|ProcessGroupWrapper\.cpp|GlooDeviceFactory\.cpp):"
+           r"\d{1,9} \(most recent call first\)",
+           r"(?:\[|^)[EF][^\]\[]{0,160}?\b(?:ProcessGroupGloo\.cpp|ProcessGroupWrapper\.cpp):\d{1,9}\] "),
           "torch's ProcessGroupGloo (or the TORCH_DISTRIBUTED_DEBUG=DETAIL wrapper around a process group) "
           "refused a collective: its arguments, or what the other ranks passed, did not fit.",
           "the message's own words; TORCH_DISTRIBUTED_DEBUG=DETAIL (checks that every rank calls the same "
@@ -1076,9 +1079,11 @@ CAUSES: tuple = (
                                       "every rank must call the same collectives with the same shapes"),
               ("peer-closed", "a connection or a rank named as failed: that rank stopped first; fix its error"))),
     Cause("torch-c10d-error", "torch.distributed's C++ core (c10d) refused a call",
-          (r"c10d/(?:ProcessGroup|Backend|Work|Utils|Ops|Functional|exception|ProcessGroupMPI|ProcessGroupUCC)"
-           r"\.(?:cpp|hpp|h):\d{1,9} \(most recent call first\)",
-           r"(?:\[|^)[EF][^\]\[]{0,160}?\b(?:ProcessGroup|Backend|Work|Utils)\.(?:cpp|hpp):\d{1,9}\] "),
+          (r"c10d/(?:ProcessGroup\.cpp|ProcessGroup\.hpp|Backend\.cpp|Backend\.hpp|Work\.cpp|Work\.hpp|Utils\.cpp|"
+           r"Utils\.hpp|Ops\.cpp|Functional\.cpp|exception\.h|ProcessGroupMPI\.cpp|ProcessGroupUCC\.cpp):\d{1,9} "
+           r"\(most recent call first\)",
+           r"(?:\[|^)[EF][^\]\[]{0,160}?\b(?:ProcessGroup\.cpp|ProcessGroup\.hpp|Backend\.hpp|Work\.cpp|Utils\.cpp|"
+           r"Utils\.hpp):\d{1,9}\] "),
           "c10d's process group, backend or work object refused a call (the message says what): an operation "
           "the backend does not have, an argument it checks, or a wait that ran past its timeout.",
           "the message's own words and the collective the traceback names; the backend in init_process_group",
@@ -1091,9 +1096,10 @@ CAUSES: tuple = (
                                        "the call or the value as it says"),
               ("peer-closed", "a socket or connection error: another rank exited first"))),
     Cause("torch-c10d-warning", "a warning printed by torch.distributed's C++ (c10d)",
-          (r"(?:\[|^)W[^\]\[]{0,160}?\b(?:reducer|logger|comm|TCPStore|TCPStoreBackend|TCPStoreLibUvBackend|socket"
-           r"|FileStore|ProcessGroupNCCL|NCCLUtils|ProcessGroupGloo|ProcessGroupWrapper|ProcessGroup|Backend|Work"
-           r"|Utils)\.(?:cpp|hpp):\d{1,9}\] ",),
+          (r"(?:\[|^)W[^\]\[]{0,160}?\b(?:reducer\.cpp|logger\.cpp|comm\.cpp|TCPStore\.cpp|TCPStoreBackend\.cpp|"
+           r"TCPStoreLibUvBackend\.cpp|socket\.cpp|FileStore\.cpp|ProcessGroupNCCL\.cpp|ProcessGroupNCCL\.hpp|"
+           r"NCCLUtils\.cpp|NCCLUtils\.hpp|ProcessGroupGloo\.cpp|ProcessGroupWrapper\.cpp|ProcessGroup\.cpp|"
+           r"ProcessGroup\.hpp|Backend\.hpp|Work\.cpp|Utils\.cpp|Utils\.hpp):\d{1,9}\] ",),
           "A warning from torch.distributed's C++ code (DDP's reducer, the store, a process group): it did not "
           "stop the job by itself. When the job failed, the failure is another line of the log.",
           "the warning's own words; the log's first error",
