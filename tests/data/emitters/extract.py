@@ -16,14 +16,40 @@ What is mined (issue 25), and how:
 - gloo (C++): ``GLOO_ENFORCE*``/``GLOO_THROW*``/``GLOO_ERROR_MSG`` messages (``--gloo GITDIR@REV``).
 - accelerate (Python): as torch, in ``src/accelerate`` at a tag (``--accelerate GITDIR@TAG``), the launch,
   state, accelerator and distributed-utility modules.
+- torch's C++ (c10d, emitter ``torch-cpp``; ``--torch-cpp DIR [--wheel TORCHDIR]``): the messages of
+  ``TORCH_CHECK``/``TORCH_CHECK_WITH``/``C10_THROW_ERROR``/``C10D_THROW_ERROR``/``C10D_CHECK_WITH``/DDP's
+  ``REDUCER_CHECK`` (raised), ``TORCH_WARN``/``TORCH_WARN_ONCE``, ``LOG(ERROR|WARNING|FATAL) << ...`` chains,
+  ``C10D_ERROR``/``C10D_WARNING`` (fmt-style, ``{}`` kept) and socket.cpp's ``recordError``, the stringstream
+  ``ss << ...`` messages and the message variables handed to them (``std::string errMsg = c10::str(...)``,
+  ``kBaseErrorMsg += "..."``). Adjacent literals are joined; ``c10::str``/``fmt::format``/``+`` are read inside,
+  any other value is ``{}``. Not mined (the rule): ``TORCH_INTERNAL_ASSERT*`` (torch's own invariants; the log
+  then says "please report a bug to PyTorch"), informational ``LOG(INFO)``/``VLOG``/``C10D_INFO``/``C10D_DEBUG``/
+  ``C10D_TRACE`` lines, and too little text to tell apart. The file column names the kind when it is not an
+  exception (``reducer.cpp (TORCH_WARN)``, ``(LOG ERROR)``, ``(C10D_WARNING)``): ``coverage.py`` shows each as c10d
+  prints it. The version is per file: the wheel's c10d headers (``--wheel``: ``Utils.hpp``, ``NCCLUtils.hpp``,
+  ``Backend.hpp``, ``ProcessGroup.hpp``, ``ProcessGroupNCCL.hpp``, ``ProcessGroupGloo.hpp``, ``Store.hpp``) at
+  the wheel's own version (``2.13.0 (cf30153)``); each file in DIR at the ``@version`` line it carries.
 
-Not mined here: torch's C++ (c10d's reducer, ProcessGroupNCCL, TCPStore): the wheel holds no C++ sources
-and the pytorch snapshot (4 GB) is over what this workplace can fetch; see the report of issue 25.
+  How DIR was made (issue 25): the wheel holds no ``.cpp`` and the pytorch snapshot (4 GB) is over what the
+  search tool's ``fetch`` brings, so each file was read with its ``read_file`` (pages of 16,000 characters) from
+  the stored pytorch/pytorch, which holds none of them at the 2.13.0 commit cf30153 (asked for reducer,
+  ProcessGroupNCCL, ProcessGroupGloo, TCPStore, socket) and gives other versions without their place in
+  history; each file is the version it gave, named ``main@<commit>``: reducer.cpp ad78a7b33a49,
+  ProcessGroupNCCL.cpp 0007e752d518, NCCLUtils.cpp 37ee6bc70d61, ProcessGroupGloo.cpp c194358a8ee4,
+  TCPStore.cpp 00321a02d719, TCPStoreBackend.cpp f3e8ca07ae54, socket.cpp 8cf1b8e39425, FileStore.cpp
+  d0eaa6b7ceeb, ProcessGroupWrapper.cpp 2be21493acad, comm.cpp b5e035bdc57e, ProcessGroup.cpp 3d1297323130,
+  Work.cpp beb877344aa0, logger.cpp 0c8d53403bb7 (Backend.cpp has no message; TCPStoreLibUvBackend.cpp was not
+  read). Kept out of the repository (/work/scratch/cppsrc/ while developing): for each file, the statements
+  that raise, warn or log, copied verbatim in file order, under a header naming the commit and an ``@version``
+  line. A full copy of a file works the same. Cross-check: of the 227 templates from files compiled into the
+  CPU wheel, 205 are found verbatim in 2.13.0's libtorch_cpu.so/libtorch_python.so (``strings``); the rest
+  are mostly messages assembled from several literals, which that check cannot join.
 
-Run (the sources are fetched while developing, never committed):
+Run (the sources are fetched while developing, never committed; an emitter not given keeps its rows):
     python tests/data/emitters/extract.py --torch .../site-packages/torch \\
         --nccl /work/.mirror/NVIDIA+nccl/repo@v2.30.7-1 --gloo /work/.mirror/pytorch+gloo/repo@70dc360 \\
         --accelerate /work/.mirror/huggingface+accelerate/repo@v1.14.0
+    python tests/data/emitters/extract.py --torch-cpp /work/scratch/cppsrc --wheel .../site-packages/torch
 """
 
 from __future__ import annotations
