@@ -1099,7 +1099,8 @@ CAUSES: tuple = (
           (r"(?:\[|^)W[^\]\[]{0,160}?\b(?:reducer\.cpp|logger\.cpp|comm\.cpp|TCPStore\.cpp|TCPStoreBackend\.cpp|"
            r"TCPStoreLibUvBackend\.cpp|socket\.cpp|FileStore\.cpp|ProcessGroupNCCL\.cpp|ProcessGroupNCCL\.hpp|"
            r"NCCLUtils\.cpp|NCCLUtils\.hpp|ProcessGroupGloo\.cpp|ProcessGroupWrapper\.cpp|ProcessGroup\.cpp|"
-           r"ProcessGroup\.hpp|Backend\.hpp|Work\.cpp|Utils\.cpp|Utils\.hpp):\d{1,9}\] ",),
+           r"ProcessGroup\.hpp|Backend\.hpp|Work\.cpp|Utils\.cpp|Utils\.hpp):\d{1,9}\] "
+           r"(?!\[c10d\] The IPv6 network addresses of \(localhost,)",),  # that lookup is noise (test_explain_evidence)
           "A warning from torch.distributed's C++ code (DDP's reducer, the store, a process group): it did not "
           "stop the job by itself. When the job failed, the failure is another line of the log.",
           "the warning's own words; the log's first error",
