@@ -120,6 +120,11 @@ def test_old_log_forms_are_read_too():
              "Exception raised from flatten_for_scatter_gather at /pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:289 "
              "(most recent call first):\n")
     assert _ids(older) == ["torch-nccl-pg-error"]
+    glog = ("E1125 02:26:31.059000 24546 torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1234] [Rank 0] NCCL "
+            "communicator was aborted on rank 0.\n")  # a glog build: no bracket, the path in full
+    assert _ids(glog) == ["torch-nccl-pg-error"]
+    warn = "[W reducer.cpp:1360] Warning: Grad strides do not match bucket view strides. (function operator())\n"
+    assert _ids(warn) == ["torch-c10d-warning"]
 
 
 def test_a_family_by_file_is_silent_when_a_specific_cause_explains_the_log():
