@@ -849,6 +849,102 @@ CAUSES: tuple = (
           "explanation; the line to change is your call or your accelerate config.",
           "accelerate env (the versions and the config in use); the message",
           "change the config (accelerate config) or your call as the message asks"),
+    # --- cppmine (issue 25): torch's C++ (c10d) messages with a known cause, from the mined templates
+    # (tests/data/emitters, emitter torch-cpp). Kept together; the families by source file are the last block.
+    Cause("nccl-no-gpu", "the NCCL backend in a process that sees no GPU",
+          (r"ProcessGroupNCCL is only supported with GPUs, no GPUs found",),
+          "init_process_group(backend='nccl') ran in a process where CUDA reports no device: a machine or "
+          "container without GPUs (docker run without --gpus), CUDA_VISIBLE_DEVICES set empty (or to ids that "
+          "do not exist) for this rank, or a driver that does not load. NCCL only runs on GPUs.",
+          "python -c 'import torch; print(torch.cuda.is_available(), torch.cuda.device_count())' in the rank's "
+          "environment; echo $CUDA_VISIBLE_DEVICES; nvidia-smi",
+          "on a machine without GPUs use backend='gloo'; otherwise expose the GPUs to the process (docker "
+          "--gpus all, a CUDA_VISIBLE_DEVICES that lists real ids) and check the driver with nvidia-smi"),
+    Cause("collective-noncontiguous", "a non-contiguous tensor given to a collective or send/recv",
+          (r"Tensors must be contiguous", r"input tensor has to be contiguous"),
+          "The tensor passed to the collective (or to send/recv) is a view whose memory is not one dense run: "
+          "the result of .t(), .transpose(), .permute(), .expand() or a strided slice. c10d sends the tensor's "
+          "memory as it is, so it refuses such views.",
+          "print(t.is_contiguous()) for the tensor the traceback's collective gets",
+          "pass t.contiguous() (and copy the result back into the view if you need it there)"),
+    Cause("reduce-op-unsupported", "a ReduceOp the backend does not implement",
+          (r"Cannot use ReduceOp\.(?P<op>[A-Z_]{2,20}) with (?P<backend>Gloo|NCCL)\b",
+           r"Cannot use ReduceOp\.(?P<op>[A-Z_]{2,20}) with (?:non-integral dtype|boolean inputs)"),
+          "The collective asked for an operation the backend (or the dtype) does not support: gloo has no AVG "
+          "nor PREMUL_SUM, NCCL has no bitwise BAND/BOR/BXOR, the bitwise ops need integer tensors, and AVG "
+          "refuses bool tensors.",
+          "the op= of the all_reduce/reduce the traceback names, and the backend in init_process_group",
+          "for AVG on gloo: all_reduce with ReduceOp.SUM, then divide by dist.get_world_size(); for bitwise ops "
+          "on NCCL: use gloo for that tensor (a CPU group) or MAX/MIN on 0/1 tensors; cast the dtype the op "
+          "needs"),
+    Cause("nccl-too-old-for-op", "the NCCL in use is older than the feature needs",
+          (r"only supports (?:alltoall\*|send|recv) for NCCL lib version >= 2\.7\.0",
+           r"AVG requires NCCL 2\.10\+", r"PreMulSum requires NCCL>=2\.11\.1",
+           r"Capturing NCCL collectives is only allowed with NCCL >= 2\.9\.6"),
+          "The operation exists only in newer NCCL releases than the one torch was built with or loaded at run "
+          "time (all-to-all and send/recv need 2.7, ReduceOp.AVG 2.10, PREMUL_SUM 2.11.1, CUDA-graph capture "
+          "2.9.6): an old torch build, or an old system libnccl found first on LD_LIBRARY_PATH.",
+          "python -c 'import torch; print(torch.__version__, torch.cuda.nccl.version())'; "
+          "echo $LD_LIBRARY_PATH (a libnccl.so.2 there is loaded first)",
+          "upgrade torch (its wheels bundle a recent NCCL) or remove the old libnccl from LD_LIBRARY_PATH; or "
+          "avoid the operation (SUM then divide instead of AVG)"),
+    Cause("nccl-dtype-unsupported", "a tensor dtype NCCL cannot reduce",
+          (r"Input tensor data type is not supported for NCCL process group: (?!BFloat16)(?P<dtype>\w{1,40})",),
+          "The tensor's dtype ({dtype}) has no NCCL equivalent in this build: complex and some newer dtypes "
+          "(unsigned 16/32/64-bit, the float8 variants in older builds) are not passed to NCCL.",
+          "print(tensor.dtype) for the tensor the collective gets",
+          "cast before the collective and back after (complex: torch.view_as_real, then view_as_complex; "
+          "unsigned: a signed type of the next size)"),
+    Cause("gloo-hostname-unresolved", "gloo could not resolve this host's name to a usable address",
+          (r"Unable to resolve hostname to a \(local\) address\. Using the loopback address",
+           r"Cannot resolve (?P<host>\S{1,200}) to a \(local\) address"),
+          "gloo picks its network interface from this machine's hostname; the name does not resolve to an "
+          "address it can bind (a container or VM whose /etc/hosts lacks its own name), so it fell back to the "
+          "loopback address 127.0.0.1. On one machine that works; across machines the other ranks cannot "
+          "connect to a loopback address and the job times out or is refused.",
+          "getent hosts $(hostname) on each node; ddpdoctor check --only env",
+          "set GLOO_SOCKET_IFNAME to the interface the nodes share (ip -br addr), or add the host's name and "
+          "address to /etc/hosts"),
+    Cause("monitored-barrier-failed", "a rank did not reach the monitored barrier in time",
+          (r"Ranks? (?P<ranks>\d[\d, ]{0,200}) failed to pass monitoredBarrier in \d{1,12} ms",
+           r"timed out in monitoredBarrier after \d{1,12} ms",
+           r"ProcessGroupWrapper: Monitored Barrier encountered error running collective"),
+          "Rank 0's monitored barrier (dist.monitored_barrier, or TORCH_DISTRIBUTED_DEBUG=DETAIL's check before "
+          "every collective) did not hear from some ranks within the timeout: they crashed, are stuck in another "
+          "collective, or are still busy with work of their own.",
+          "the named ranks' own lines: an error or a signal first (crashed), another collective in progress "
+          "(desync: ddpdoctor run shows each rank's position), or long work (loading, evaluation)",
+          "fix the rank that failed first; make every rank call the same collectives in the same order; move "
+          "long single-rank work out of the distributed section or raise the timeout",
+          candidates=(
+              ("peer-closed", "the named rank printed an error or died by a signal before the barrier: fix that "
+                              "rank's failure"),
+              ("collective-mismatch", "the named rank is inside another collective (a branch taken on some ranks "
+                                      "only): every rank must call the same collectives in the same order"),
+              ("slow-rank-timeout", "the named rank is still working (loading, saving, evaluating on one rank): "
+                                    "move that work or raise timeout= in init_process_group"))),
+    Cause("filestore-timeout", "a rank waited for a key in the file:// store past the timeout",
+          (r"Timeout waiting for key: \S{1,200} after \d{1,12} ms",),
+          "The file:// rendezvous (FileStore) waited for a key the other ranks never wrote: they do not see "
+          "the same file (a path on a local disk of each node rather than a shared file system), or a file left "
+          "by an earlier run holds stale keys, or the other ranks never started.",
+          "ls -l the init_method file on every node (the same file? left from an earlier run?); the other "
+          "ranks' first lines",
+          "give init_method='file://' a path on a file system every node shares, and delete the file before "
+          "each run (or use a fresh name); or use tcp:// / env:// rendezvous",
+          candidates=(
+              ("filestore-not-shared", "the ranks run on several nodes and the path is not on a shared file "
+                                       "system: each node has its own file"),
+              ("filestore-stale", "the file existed before the job started (an earlier run's): delete it or use "
+                                  "a new name each run"),
+              ("rendezvous-unreachable", "the other ranks never started or failed first: their own logs"))),
+    Cause("ddp-static-graph-late", "static_graph set after training started",
+          (r"set_static_graph\(\) should be called before training loop starts",),
+          "DDP's static graph mode was switched on after at least one iteration ran; it has to be known before "
+          "the first forward.",
+          "where _set_static_graph() (or static_graph=) is set in your code",
+          "pass static_graph=True to DistributedDataParallel(...) instead of calling _set_static_graph() later"),
+    # --- end cppmine (specific)
     # --- issue 25: the rest of NCCL's and gloo's own messages, by the source file they name (NCCL prints
     # "file.cc:LINE NCCL WARN", gloo "[enforce fail at gloo/...:LINE]"). Last in the table, and dropped
     # (evidence.AREA) whenever any other cause is found: a family by subsystem, not a diagnosis.
@@ -909,4 +1005,106 @@ CAUSES: tuple = (
           "(the shapes each rank passed)",
           "give every rank the same collective arguments; for connection errors, fix the rank that exited first "
           "or the interface (GLOO_SOCKET_IFNAME)"),
+    # --- cppmine (issue 25): the rest of torch's C++ (c10d) messages, by the source file c10d names: the
+    # exception's "Exception raised from FUNC at .../c10d/FILE:LINE (most recent call first)" line, or the
+    # "[E... FILE:LINE]" / "[W... FILE:LINE]" line of a LOG/TORCH_WARN. Families, dropped (evidence.AREA)
+    # whenever any other cause is found; the last entries of the table.
+    Cause("torch-reducer-error", "DDP's reducer (C++) refused the iteration",
+          (r"c10d/(?:reducer\.cpp|reducer\.hpp|logger\.cpp|comm\.cpp|default_comm_hooks\.cpp):\d{1,9} "
+           r"\(most recent call first\)",
+           r"(?:\[|^)[EF][^\]\[]{0,160}?\b(?:reducer\.cpp|logger\.cpp|comm\.cpp):\d{1,9}\] "),
+          "DistributedDataParallel's C++ reducer checked the iteration and refused (the message above the "
+          "'Exception raised from' line says what): the gradients, parameters or buckets it saw were not what "
+          "it expected, usually because of how the model or the training loop uses DDP.",
+          "the message's own words; TORCH_DISTRIBUTED_DEBUG=DETAIL (names the parameters involved)",
+          "the fix of the candidate the message fits",
+          candidates=(
+              ("ddp-unused-parameters", "it speaks of parameters that got no gradient or a reduction not "
+                                        "finished: some parameters were not used in the loss; "
+                                        "find_unused_parameters=True, or use every output in the loss"),
+              ("ddp-model-mismatch", "it speaks of params, sizes or strides that differ between ranks: the ranks "
+                                     "built different models (a config or a branch on rank)"),
+              ("ddp-api-misuse", "it names a DDP call made twice or at the wrong time (register_comm_hook, "
+                                 "static graph, buckets, sparse gradients): change the call as it says"))),
+    Cause("torch-store-error", "the c10d store (TCPStore, FileStore) or its sockets failed",
+          (r"c10d/(?:TCPStore\.cpp|TCPStore\.hpp|TCPStoreBackend\.cpp|TCPStoreLibUvBackend\.cpp|socket\.cpp|"
+           r"FileStore\.cpp|HashStore\.cpp|PrefixStore\.cpp|Store\.cpp|Store\.hpp):\d{1,9} \(most recent call first\)",
+           r"(?:\[|^)[EF][^\]\[]{0,160}?\b(?:TCPStore\.cpp|TCPStoreBackend\.cpp|TCPStoreLibUvBackend\.cpp|socket\.cpp|"
+           r"FileStore\.cpp):\d{1,9}\] "),
+          "The key-value store the ranks meet at (MASTER_ADDR:MASTER_PORT, or the file:// path) failed: a "
+          "connection to it could not be made or was lost, a port could not be bound, or a wait ran past the "
+          "timeout.",
+          "ddpdoctor check --only port on every node; the first rank's own error (often rank 0, which hosts the "
+          "store)",
+          "the fix of the candidate the message fits",
+          candidates=(
+              ("rendezvous-unreachable", "'connect', 'timed out ... trying to connect', 'waiting for clients': a "
+                                         "rank cannot reach MASTER_ADDR:MASTER_PORT (wrong address, firewall, "
+                                         "rank 0 not started)"),
+              ("peer-closed", "'Connection reset', '0 bytes', 'Broken pipe' after training began: the store's "
+                              "host (rank 0) exited first; fix rank 0's error"),
+              ("port-in-use", "'failed to bind' or 'failed to listen' on the server: MASTER_PORT is taken; "
+                              "choose a free port"))),
+    Cause("torch-nccl-pg-error", "torch's NCCL process group (C++) failed",
+          (r"c10d/(?:ProcessGroupNCCL\.cpp|ProcessGroupNCCL\.hpp|NCCLUtils\.cpp|NCCLUtils\.hpp):\d{1,9} "
+           r"\(most recent call first\)",
+           r"(?:\[|^)[EF][^\]\[]{0,160}?\b(?:ProcessGroupNCCL\.cpp|ProcessGroupNCCL\.hpp|NCCLUtils\.cpp|"
+           r"NCCLUtils\.hpp):\d{1,9}\] "),
+          "torch's ProcessGroupNCCL raised or logged an error: a collective's arguments were refused, an NCCL "
+          "call failed, or the process group was aborted after another failure (a timeout, a peer's exit).",
+          "the first error in the log (an NCCL error, a timeout or a rank's own traceback before this line); "
+          "NCCL_DEBUG=INFO and TORCH_NCCL_TRACE_BUFFER_SIZE=2000 for more",
+          "the fix of the candidate the log fits",
+          candidates=(
+              ("earlier-error", "another error or a timeout comes earlier in the log ('aborted', 'taking the "
+                                "entire process down' are consequences): fix that one"),
+              ("collective-arguments", "the message names tensors, dtypes, devices or list sizes: the arguments "
+                                       "of the collective (dense CUDA tensors on the rank's GPU, the same sizes "
+                                       "on every rank)"),
+              ("nccl-watchdog-timeout", "a collective ran past the timeout: one rank stopped or is slower; its "
+                                        "own lines say why"))),
+    Cause("torch-gloo-pg-error", "torch's gloo process group (C++) refused a collective",
+          (r"c10d/(?:ProcessGroupGloo\.cpp|ProcessGroupGloo\.hpp|ProcessGroupWrapper\.cpp|GlooDeviceFactory\.cpp):"
+           r"\d{1,9} \(most recent call first\)",
+           r"(?:\[|^)[EF][^\]\[]{0,160}?\b(?:ProcessGroupGloo\.cpp|ProcessGroupWrapper\.cpp):\d{1,9}\] "),
+          "torch's ProcessGroupGloo (or the TORCH_DISTRIBUTED_DEBUG=DETAIL wrapper around a process group) "
+          "refused a collective: its arguments, or what the other ranks passed, did not fit.",
+          "the message's own words; TORCH_DISTRIBUTED_DEBUG=DETAIL (checks that every rank calls the same "
+          "collective with the same shapes)",
+          "the fix of the candidate the message fits",
+          candidates=(
+              ("collective-arguments", "it names a list, size, device, layout or type: change the call as it "
+                                       "says"),
+              ("collective-mismatch", "sizes or counts differ between ranks, or a rank ran another collective: "
+                                      "every rank must call the same collectives with the same shapes"),
+              ("peer-closed", "a connection or a rank named as failed: that rank stopped first; fix its error"))),
+    Cause("torch-c10d-error", "torch.distributed's C++ core (c10d) refused a call",
+          (r"c10d/(?:ProcessGroup\.cpp|ProcessGroup\.hpp|Backend\.cpp|Backend\.hpp|Work\.cpp|Work\.hpp|Utils\.cpp|"
+           r"Utils\.hpp|Ops\.cpp|Functional\.cpp|exception\.h|ProcessGroupMPI\.cpp|ProcessGroupUCC\.cpp):\d{1,9} "
+           r"\(most recent call first\)",
+           r"(?:\[|^)[EF][^\]\[]{0,160}?\b(?:ProcessGroup\.cpp|ProcessGroup\.hpp|Backend\.hpp|Work\.cpp|Utils\.cpp|"
+           r"Utils\.hpp):\d{1,9}\] "),
+          "c10d's process group, backend or work object refused a call (the message says what): an operation "
+          "the backend does not have, an argument it checks, or a wait that ran past its timeout.",
+          "the message's own words and the collective the traceback names; the backend in init_process_group",
+          "the fix of the candidate the message fits",
+          candidates=(
+              ("backend-unsupported-op", "'Backend X does not support Y' or 'No backend type associated with "
+                                         "device type': the backend lacks that operation or device; use one that "
+                                         "has it (backend='cpu:gloo,cuda:nccl')"),
+              ("collective-arguments", "it names split sizes, devices or an environment variable's value: change "
+                                       "the call or the value as it says"),
+              ("peer-closed", "a socket or connection error: another rank exited first"))),
+    Cause("torch-c10d-warning", "a warning printed by torch.distributed's C++ (c10d)",
+          (r"(?:\[|^)W[^\]\[]{0,160}?\b(?:reducer\.cpp|logger\.cpp|comm\.cpp|TCPStore\.cpp|TCPStoreBackend\.cpp|"
+           r"TCPStoreLibUvBackend\.cpp|socket\.cpp|FileStore\.cpp|ProcessGroupNCCL\.cpp|ProcessGroupNCCL\.hpp|"
+           r"NCCLUtils\.cpp|NCCLUtils\.hpp|ProcessGroupGloo\.cpp|ProcessGroupWrapper\.cpp|ProcessGroup\.cpp|"
+           r"ProcessGroup\.hpp|Backend\.hpp|Work\.cpp|Utils\.cpp|Utils\.hpp):\d{1,9}\] "
+           r"(?!\[c10d\] The IPv6 network addresses of \(localhost,)",),  # that lookup is noise (test_explain_evidence)
+          "A warning from torch.distributed's C++ code (DDP's reducer, the store, a process group): it did not "
+          "stop the job by itself. When the job failed, the failure is another line of the log.",
+          "the warning's own words; the log's first error",
+          "act on the warning if it names a setting (find_unused_parameters, GLOO_SOCKET_IFNAME); look for the "
+          "first error for the failure"),
+    # --- end cppmine (families)
 )

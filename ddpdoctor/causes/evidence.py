@@ -38,6 +38,8 @@ DERIVED = ("slow-rank-timeout", "ddp-unused-already-on", "torch-distributed-erro
 # Families by the source file an NCCL WARN or a gloo enforce names (catalogue's last entries).
 AREA = ("nccl-warn-ib", "nccl-warn-network", "nccl-warn-cuda", "nccl-warn", "gloo-enforce", "torch-distributed-error",
         "accelerate-error")
+AREA += ("torch-reducer-error", "torch-store-error", "torch-nccl-pg-error", "torch-gloo-pg-error",  # cppmine
+         "torch-c10d-error", "torch-c10d-warning")
 # Where a Python exception was raised, by the last frame above it: the area family it belongs to.
 _RAISED_IN = (("/torch/distributed/", "torch-distributed-error"), ("/torch/nn/parallel/", "torch-distributed-error"),
               ("/torch/multiprocessing/", "torch-distributed-error"), ("/accelerate/", "accelerate-error"))
@@ -393,6 +395,8 @@ SUBSUMED_BY = {
     "duplicate-gpu": ("more-ranks-than-gpus",),
     "cuda-devices-busy": ("cuda-driver-mismatch",),
 }
+# cppmine: gloo's loopback fallback is the warning before the connection failure that explains it (and fixes it alike)
+SUBSUMED_BY["gloo-hostname-unresolved"] = ("gloo-connect-full-mesh",)
 # killed-by-signal is redundant only next to the cause its signal stands for.
 _SIGNAL_OWNER = {"SIGKILL": "host-oom", "SIGBUS": "shm-too-small"}
 

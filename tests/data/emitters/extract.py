@@ -16,14 +16,40 @@ What is mined (issue 25), and how:
 - gloo (C++): ``GLOO_ENFORCE*``/``GLOO_THROW*``/``GLOO_ERROR_MSG`` messages (``--gloo GITDIR@REV``).
 - accelerate (Python): as torch, in ``src/accelerate`` at a tag (``--accelerate GITDIR@TAG``), the launch,
   state, accelerator and distributed-utility modules.
+- torch's C++ (c10d, emitter ``torch-cpp``; ``--torch-cpp DIR [--wheel TORCHDIR]``): the messages of
+  ``TORCH_CHECK``/``TORCH_CHECK_WITH``/``C10_THROW_ERROR``/``C10D_THROW_ERROR``/``C10D_CHECK_WITH``/DDP's
+  ``REDUCER_CHECK`` (raised), ``TORCH_WARN``/``TORCH_WARN_ONCE``, ``LOG(ERROR|WARNING|FATAL) << ...`` chains,
+  ``C10D_ERROR``/``C10D_WARNING`` (fmt-style, ``{}`` kept) and socket.cpp's ``recordError``, the stringstream
+  ``ss << ...`` messages and the message variables handed to them (``std::string errMsg = c10::str(...)``,
+  ``kBaseErrorMsg += "..."``). Adjacent literals are joined; ``c10::str``/``fmt::format``/``+`` are read inside,
+  any other value is ``{}``. Not mined (the rule): ``TORCH_INTERNAL_ASSERT*`` (torch's own invariants; the log
+  then says "please report a bug to PyTorch"), informational ``LOG(INFO)``/``VLOG``/``C10D_INFO``/``C10D_DEBUG``/
+  ``C10D_TRACE`` lines, and too little text to tell apart. The file column names the kind when it is not an
+  exception (``reducer.cpp (TORCH_WARN)``, ``(LOG ERROR)``, ``(C10D_WARNING)``): ``coverage.py`` shows each as c10d
+  prints it. The version is per file: the wheel's c10d headers (``--wheel``: ``Utils.hpp``, ``NCCLUtils.hpp``,
+  ``Backend.hpp``, ``ProcessGroup.hpp``, ``ProcessGroupNCCL.hpp``, ``ProcessGroupGloo.hpp``, ``Store.hpp``) at
+  the wheel's own version (``2.13.0 (cf30153)``); each file in DIR at the ``@version`` line it carries.
 
-Not mined here: torch's C++ (c10d's reducer, ProcessGroupNCCL, TCPStore): the wheel holds no C++ sources
-and the pytorch snapshot (4 GB) is over what this workplace can fetch; see the report of issue 25.
+  How DIR was made (issue 25): the wheel holds no ``.cpp`` and the pytorch snapshot (4 GB) is over what the
+  search tool's ``fetch`` brings, so each file was read with its ``read_file`` (pages of 16,000 characters) from
+  the stored pytorch/pytorch, which holds none of them at the 2.13.0 commit cf30153 (asked for reducer,
+  ProcessGroupNCCL, ProcessGroupGloo, TCPStore, socket) and gives other versions without their place in
+  history; each file is the version it gave, named ``main@<commit>``: reducer.cpp ad78a7b33a49,
+  ProcessGroupNCCL.cpp 0007e752d518, NCCLUtils.cpp 37ee6bc70d61, ProcessGroupGloo.cpp c194358a8ee4,
+  TCPStore.cpp 00321a02d719, TCPStoreBackend.cpp f3e8ca07ae54, socket.cpp 8cf1b8e39425, FileStore.cpp
+  d0eaa6b7ceeb, ProcessGroupWrapper.cpp 2be21493acad, comm.cpp b5e035bdc57e, ProcessGroup.cpp 3d1297323130,
+  Work.cpp beb877344aa0, logger.cpp 0c8d53403bb7 (Backend.cpp has no message; TCPStoreLibUvBackend.cpp was not
+  read). Kept out of the repository (/work/scratch/cppsrc/ while developing): for each file, the statements
+  that raise, warn or log, copied verbatim in file order, under a header naming the commit and an ``@version``
+  line. A full copy of a file works the same. Cross-check: of the 227 templates from files compiled into the
+  CPU wheel, 205 are found verbatim in 2.13.0's libtorch_cpu.so/libtorch_python.so (``strings``); the rest
+  are mostly messages assembled from several literals, which that check cannot join.
 
-Run (the sources are fetched while developing, never committed):
+Run (the sources are fetched while developing, never committed; an emitter not given keeps its rows):
     python tests/data/emitters/extract.py --torch .../site-packages/torch \\
         --nccl /work/.mirror/NVIDIA+nccl/repo@v2.30.7-1 --gloo /work/.mirror/pytorch+gloo/repo@70dc360 \\
         --accelerate /work/.mirror/huggingface+accelerate/repo@v1.14.0
+    python tests/data/emitters/extract.py --torch-cpp /work/scratch/cppsrc --wheel .../site-packages/torch
 """
 
 from __future__ import annotations
@@ -194,6 +220,167 @@ def _nccl_error_strings(source: str) -> list:
     return [_c_unescape(lit) for lit in re.findall(r"case nccl\w+\s*:\s*return\s*(" + _C_STRING + ")", body[:6000])]
 
 
+# ---------------------------------------------------------------------------------------------- torch C++
+# How torch's C++ (c10d) raises, warns and logs: macro -> (arguments before the message, how the message is
+# formed, the kind the log shows). "str": c10::str-style (literals joined, any other argument is one value);
+# "fmt": fmt-style (the first argument is the format, its ``{}`` kept). Kinds: "raise" (an exception: its
+# message, then "Exception raised from FUNC at .../FILE:LINE"), "warn" (TORCH_WARN: "[W FILE:LINE] Warning:
+# MSG (function FUNC)"), "log-E"/"log-W" (glog-style "[E FILE:LINE] MSG"), "c10d-E"/"c10d-W" (the same with
+# the "[c10d] " prefix C10D_ERROR/C10D_WARNING add).
+# Not mined (the rule): TORCH_INTERNAL_ASSERT* (torch's own invariants: when one fires the log says
+# "INTERNAL ASSERT FAILED ... please report a bug to PyTorch", a torch bug, not a cause a user can act on),
+# LOG(INFO)/VLOG/C10D_INFO/C10D_DEBUG/C10D_TRACE (informational lines, shown only with
+# TORCH_CPP_LOG_LEVEL=INFO and never the failure), and anything with too little text to tell apart.
+CPP_MACROS = {
+    "TORCH_CHECK": (1, "str", "raise"), "TORCH_CHECK_WITH": (2, "str", "raise"),
+    "C10_THROW_ERROR": (1, "str", "raise"), "C10D_THROW_ERROR": (1, "str", "raise"),
+    "C10D_CHECK_WITH": (2, "str", "raise"), "REDUCER_CHECK": (2, "str", "raise"),
+    "TORCH_WARN": (0, "str", "warn"), "TORCH_WARN_ONCE": (0, "str", "warn"),
+    "C10D_ERROR": (0, "fmt", "c10d-E"), "C10D_WARNING": (0, "fmt", "c10d-W"),
+    "recordError": (0, "fmt", "c10d-W"),  # socket.cpp: logged with C10D_WARNING, then joined into the raise
+    "invalidArgument": (0, "str", "raise"),  # ProcessGroup{Gloo,NCCL}: raised as "ProcessGroupX::op: " + msg
+}
+_CPP_LOG = re.compile(r"\b(?:LOG|C10_LOG_EVERY_N|LOG_EVERY_N|C10_LOG_FIRST_N)\s*\(\s*(ERROR|WARNING|FATAL)\b[^;)]*\)\s*<<")
+_CPP_STREAM = re.compile(r"\b(?:ss|oss)\s*<<")
+_CPP_VAR = re.compile(r"(?:\b(?:std::string|auto|constexpr\s+auto\s*\*)\s+)?\b((?:k?[A-Za-z]*(?:[Mm]sg|[Ee]rr(?:or)?|[Ii]nfo|"
+                      r"[Rr]eason|interpret|[Mm]essage|Error)[A-Za-z_]*))\s*(\+?=)(?!=)\s*")
+_CPP_KIND = {"raise": "", "warn": " (TORCH_WARN)", "log-E": " (LOG ERROR)", "log-W": " (LOG WARNING)",
+             "log-F": " (LOG ERROR)", "c10d-E": " (C10D_ERROR)", "c10d-W": " (C10D_WARNING)"}
+CPP_HEADERS = ("Utils.hpp", "NCCLUtils.hpp", "Backend.hpp", "ProcessGroup.hpp", "ProcessGroupNCCL.hpp",
+               "ProcessGroupGloo.hpp", "Store.hpp", "exception.h")
+
+
+def _statement(text: str, start: int) -> str:
+    """The text from ``start`` to the end of its statement (the first ``;`` outside strings and brackets)."""
+    depth, i, n = 0, start, len(text)
+    lit = re.compile(_C_STRING)
+    while i < n:
+        ch = text[i]
+        if ch == '"':
+            m = lit.match(text, i)
+            i = m.end() if m else i + 1
+            continue
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth < 0:
+                return text[start:i]
+        elif ch == ";" and depth == 0:
+            return text[start:i]
+        i += 1
+    return text[start:]
+
+
+def _top_split(expr: str, sep: str) -> list:
+    """``expr`` split on ``sep`` outside strings and brackets."""
+    parts, depth, cur, i = [], 0, [], 0
+    lit = re.compile(_C_STRING)
+    while i < len(expr):
+        ch = expr[i]
+        if ch == '"':
+            m = lit.match(expr, i)
+            if m:
+                cur.append(m.group())
+                i = m.end()
+                continue
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if depth == 0 and expr.startswith(sep, i) and not (sep == "<" and expr.startswith("<<", i)):
+            parts.append("".join(cur))
+            cur = []
+            i += len(sep)
+            continue
+        cur.append(ch)
+        i += 1
+    parts.append("".join(cur))
+    return [p.strip() for p in parts]
+
+
+def _cpp_expr(expr: str) -> str:
+    """One C++ expression as message text: literals (adjacent ones joined), ``c10::str(...)`` and
+    ``fmt::format(...)`` read inside, ``a + b`` concatenation read part by part; any other value is ``{}``."""
+    expr = expr.strip()
+    if not expr:
+        return ""
+    if re.fullmatch(r"(?:\s*" + _C_STRING + r"\s*)+", expr):
+        return "".join(_c_unescape(x) for x in re.findall(_C_STRING, expr))
+    call = re.match(r"(c10::str|fmt::format|std::string|c10::Join)\s*\(", expr)
+    if call and len(_balanced(expr, call.end() - 1)) + call.end() + 1 == len(expr):
+        args = _split_args(_balanced(expr, call.end() - 1))
+        if call.group(1) == "c10::Join":
+            return PLACEHOLDER
+        return _cpp_message(args, "fmt" if call.group(1) == "fmt::format" else "str")
+    if _top_split(expr, "?")[1:]:
+        return PLACEHOLDER  # a ternary: one value or another
+    parts = _top_split(expr, "+")
+    if len(parts) > 1:
+        return "".join(_cpp_expr(p) for p in parts)
+    return PLACEHOLDER
+
+
+def _cpp_message(args: list, how: str) -> str:
+    if how == "fmt":  # the format string; its {} are the values
+        return _cpp_expr(args[0]) if args else ""
+    return "".join(_cpp_expr(a) for a in args)
+
+
+def _cpp_messages(source: str) -> list:
+    """(kind, template) of every message in a C++ source: the macros of :data:`CPP_MACROS`, ``LOG(ERROR|WARNING)
+    << ...`` and stringstream ``ss << ...`` chains, and the message variables (``std::string errMsg = ...``,
+    ``msg += ...``) the macros are given."""
+    source = re.sub(r"\\\n", " ", source)  # a macro's line continuations
+    out = []
+    for m in re.finditer(r"\b(" + "|".join(CPP_MACROS) + r")\s*\(", source):
+        skip, how, kind = CPP_MACROS[m.group(1)]
+        args = _split_args(_balanced(source, m.end() - 1))
+        # (TORCH_WARN_ONCE(flag, "msg") prints the flag first, "0TORCH_NCCL_...": it stays a {})
+        out.append((kind, _cpp_message(args[skip:], how)))
+    for m in _CPP_LOG.finditer(source):
+        kind = {"ERROR": "log-E", "WARNING": "log-W", "FATAL": "log-F"}[m.group(1)]
+        out.append((kind, "".join(_cpp_expr(p) for p in _top_split(_statement(source, m.end()), "<<"))))
+    for m in _CPP_STREAM.finditer(source):
+        out.append(("raise", "".join(_cpp_expr(p) for p in _top_split(_statement(source, m.end()), "<<"))))
+    for m in _CPP_VAR.finditer(source):
+        rhs = _statement(source, m.end())
+        if re.search(_C_STRING, rhs):
+            out.append(("raise", _cpp_expr(rhs)))
+    return [(k, t) for k, t in out if t and t.replace(PLACEHOLDER, "").strip()]
+
+
+def mine_torch_cpp(srcdir: str, torch_root: str = "") -> list:
+    """Rows for torch's C++ (c10d): each ``*.cpp``/``*.hpp``/``*.h`` in ``srcdir`` (a file's version is the
+    ``@version`` line in it, e.g. ``main@ad78a7b33a49``), and the c10d headers the installed wheel ships
+    (``torch_root``: its version, ``2.13.0 (cf30153)``)."""
+    files = []
+    for name in sorted(os.listdir(srcdir)):
+        if name.endswith((".cpp", ".hpp", ".h")):
+            with open(os.path.join(srcdir, name), encoding="utf-8") as f:
+                text = f.read()
+            ver = re.search(r"@version\s+(\S+)", text)
+            if not ver:
+                raise SystemExit(f"{os.path.join(srcdir, name)}: no '@version <tag or main@commit>' line; add one "
+                                 "(the version the text was read at)")
+            files.append((name, ver.group(1), text))
+    if torch_root:
+        ns: dict = {}
+        with open(os.path.join(torch_root, "version.py"), encoding="utf-8") as f:
+            exec(compile(f.read(), "version.py", "exec"), ns)  # noqa: S102 - the package's own version file
+        version = f"{ns['__version__'].split('+')[0]} ({ns['git_version'][:7]})"
+        inc = os.path.join(torch_root, "include", "torch", "csrc", "distributed", "c10d")
+        for name in CPP_HEADERS:
+            if os.path.exists(os.path.join(inc, name)) and not any(f[0] == name for f in files):
+                with open(os.path.join(inc, name), encoding="utf-8") as f:
+                    files.append((name, version, f.read()))
+    rows = []
+    for name, version, text in files:
+        path = "torch/csrc/distributed/c10d/" + name
+        rows += [("torch-cpp", path + _CPP_KIND[kind], version, t) for kind, t in _cpp_messages(text)]
+    return rows
+
+
 # ---------------------------------------------------------------------------------------------- sources
 def _git(gitdir: str, *args) -> str:
     return subprocess.run(["git", "--git-dir", gitdir, *args], check=True, capture_output=True, text=True,
@@ -250,22 +437,45 @@ def _clean(text: str) -> str:
     return text
 
 
+def _kept(out: str, regenerated: set) -> list:
+    """The rows already in ``out`` of the emitters not being regenerated (one emitter can be mined again
+    without the others' sources at hand); they are kept as they are, in their order."""
+    if not os.path.exists(out):
+        return []
+    with open(out, encoding="utf-8") as f:
+        lines = f.read().splitlines()[1:]
+    return [tuple(line.split("\t")) for line in lines if line and line.split("\t")[0] not in regenerated]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--torch", help="an installed torch package directory")
+    ap.add_argument("--torch-cpp", help="a folder of torch's c10d C++ sources (each with an '@version' line)")
+    ap.add_argument("--wheel", help="with --torch-cpp: an installed torch package whose c10d headers are mined "
+                                    "too (the wheel's own version)")
     ap.add_argument("--nccl", help="GITDIR@TAG of NVIDIA/nccl")
     ap.add_argument("--gloo", help="GITDIR@REV of pytorch/gloo")
     ap.add_argument("--accelerate", help="GITDIR@TAG of huggingface/accelerate")
     ap.add_argument("--out", default=OUT)
     args = ap.parse_args(argv)
-    if not any((args.torch, args.nccl, args.gloo, args.accelerate)):
-        ap.error("give at least one source: --torch, --nccl, --gloo or --accelerate")
-    rows = []
+    if not any((args.torch, args.torch_cpp, args.nccl, args.gloo, args.accelerate)):
+        ap.error("give at least one source: --torch, --torch-cpp, --nccl, --gloo or --accelerate")
+    if args.wheel and not os.path.exists(os.path.join(args.wheel, "version.py")):
+        ap.error(f"--wheel {args.wheel}: no version.py there; give the installed torch package's folder "
+                 "(python -c 'import torch, os; print(os.path.dirname(torch.__file__))')")
+    if args.torch_cpp and not os.path.isdir(args.torch_cpp):
+        ap.error(f"--torch-cpp {args.torch_cpp}: not a folder; give the folder the C++ sources were saved in")
+    rows, regenerated = [], set()
     if args.torch:
         rows += mine_torch(args.torch)
+        regenerated.add("torch")
+    if args.torch_cpp:
+        rows += mine_torch_cpp(args.torch_cpp, args.wheel or "")
+        regenerated.add("torch-cpp")
     for emitter in ("nccl", "gloo", "accelerate"):
         if getattr(args, emitter):
             rows += mine_git(emitter, getattr(args, emitter))
+            regenerated.add(emitter)
     seen, kept = set(), []
     for emitter, path, version, text in rows:
         text = _clean(text)
@@ -273,10 +483,12 @@ def main(argv=None) -> int:
             continue  # too little text to tell anything apart, or already listed
         seen.add((emitter, text))
         kept.append((emitter, path, version, text.replace("\t", " ")))
+    kept = _kept(args.out, regenerated) + kept
     with open(args.out, "w", encoding="utf-8") as f:
         f.write("emitter\tfile\tversion\ttemplate\n")
         f.writelines("\t".join(r) + "\n" for r in kept)
-    counts = {e: sum(1 for r in kept if r[0] == e) for e in ("torch", "nccl", "gloo", "accelerate")}
+    emitters = list(dict.fromkeys(r[0] for r in kept))
+    counts = {e: sum(1 for r in kept if r[0] == e) for e in emitters}
     print(f"wrote {os.path.relpath(args.out)}: {len(kept)} templates " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     return 0
 
