@@ -165,8 +165,13 @@ def _assert_clean(h: Hosts, cli_env: dict, tmp_path) -> None:
     """``locate`` on the hosts as they are: every host exits 0, the check passes, no one is named."""
     out, report, doc = _locate_world(h, cli_env, tmp_path)
     check, verdict, _ = _verdict(doc)
-    assert [c for c, _, _ in out] == [0] * h.n, out
+    assert [c for c, _, _ in out] == [0] * h.n, _failed_hosts(out)
     assert check["status"] == "pass" and verdict["suspects"] == [], report
+
+
+def _failed_hosts(out) -> str:
+    """Each host that exited non-zero, with its whole report and its stderr's end (what it saw)."""
+    return "\n".join(f"host {i} exited {c}:\n{o}\n-- stderr --\n{e[-4000:]}" for i, (c, o, e) in enumerate(out) if c)
 
 
 def _slow_world(h: Hosts, cli_env: dict, tmp_path):
