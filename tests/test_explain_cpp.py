@@ -137,3 +137,17 @@ def test_a_family_by_file_is_silent_when_a_specific_cause_explains_the_log():
             "[rank1]:[W1122 10:00:00.000000000 reducer.cpp:1400] Warning: find_unused_parameters=True was specified "
             "in DDP constructor, but did not find any unused parameters in the forward pass. (function operator())\n")
     assert _ids(text) == ["nccl-watchdog-timeout"]
+
+
+def test_gloos_loopback_fallback_alone_is_a_family_never_a_confident_cause():
+    # Every gloo job on a machine whose name does not resolve prints it, and on one machine it is harmless: a job
+    # that failed for a reason the log does not name must not be told this warning is why.
+    warning = ("[W1125 02:26:31.059311 ProcessGroupGloo.cpp:727] Warning: Unable to resolve hostname to a (local) "
+               "address. Using the loopback address as fallback. Manually set the network interface to bind to with "
+               "GLOO_SOCKET_IFNAME. (function operator())\n")
+    (m,) = explain_text(warning)
+    assert m.cause.id == "gloo-hostname-unresolved"
+    assert [c for c, _ in m.candidates] == ["gloo-hostname-unresolved", "earlier-error"]
+    assert "several machines" in m.candidates[0][1] and "one machine" in m.candidates[1][1]
+    oom = warning + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
+    assert _ids(oom)[0].startswith("cuda-oom")  # the job's own error leads

@@ -135,3 +135,18 @@ def test_an_exception_torch_distributed_raised_itself_names_the_module_and_your_
     # an exception of the user's own code is not torch's
     own = 'Traceback (most recent call last):\n  File "/home/u/train.py", line 3, in <module>\n    f()\nValueError: bad\n'
     assert explain_text(own) == []
+
+
+def test_an_out_of_memory_on_a_ranks_own_gpu_is_a_family_and_gpu_0s_keeps_its_entry():
+    # torch 2.x's wording on GPU 3, and the 1.x wording: before, neither named anything.
+    for text in ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 3 has a total capacity "
+                 "of 79.15 GiB of which 10.56 MiB is free. Including non-PyTorch memory, this process has 79.13 GiB "
+                 "memory in use.",
+                 "RuntimeError: CUDA out of memory. Tried to allocate 64.00 MiB (GPU 2; 10.76 GiB total capacity; "
+                 "9.60 GiB already allocated; 13.44 MiB free; 9.82 GiB reserved in total by PyTorch)"):
+        m = _one(text)
+        assert m.cause.id == "cuda-oom"
+        assert [c for c, _ in m.candidates] == ["cuda-oom", "ranks-share-gpu", "gpu-held-by-other"]
+        assert "this process has" in m.candidates[0][1] and "nvidia-smi" in m.candidates[1][1]
+    assert _one("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 23.69 GiB total capacity)"
+                ).cause.id == "cuda-oom-gpu0"

@@ -791,6 +791,24 @@ CAUSES: tuple = (
               ("cuda-oom", "only rank 0's own process is on GPU 0 and its memory grew to the GPU's size: the "
                            "model, batch or activations do not fit; a smaller batch, mixed precision, "
                            "activation checkpointing, or sharding (FSDP/ZeRO)"))),
+    # An out-of-memory on any other GPU (GPU 0's is the entry above): the GPU was full, a family of three.
+    Cause("cuda-oom", "CUDA out of memory on a rank's GPU",
+          (r"CUDA out of memory\.", r"\btorch\.(?:cuda\.)?OutOfMemoryError\b"),
+          "The GPU this process allocated on was full.",
+          "the message's own numbers: 'this process has X GiB memory in use' against the total capacity, and any "
+          "'Process N has X GiB memory in use' it lists; nvidia-smi while the job runs (the processes on each GPU)",
+          "when this process holds the memory: a smaller batch per rank, mixed precision (torch.autocast), activation "
+          "checkpointing, or sharding (FSDP/ZeRO); when others do: one rank per GPU (set_device(local_rank), "
+          "device=f'cuda:{local_rank}'), and stop what else holds the GPU",
+          candidates=(
+              ("cuda-oom", "this process itself holds nearly all of the GPU ('this process has X GiB memory in use' "
+                           "close to the total capacity): the model, batch or activations do not fit one GPU"),
+              ("ranks-share-gpu", "nvidia-smi lists two of the job's processes on this GPU (the message lists "
+                                  "'Process N has ...' for several of its ranks): a rank did not pick its own GPU"),
+              ("gpu-held-by-other", "nvidia-smi lists a process of another job, or one left from an earlier run, on "
+                                    "this GPU: the memory was taken before this job started")),
+          undecided="The GPU this process allocated on was full: the rank's own model and batch did not fit, two "
+                    "ranks of the job shared the GPU, or another process held its memory."),
     Cause("teardown-abort", "a rank aborted in std::terminate: the torch/gloo exit race, or on the way out",
           (r"terminate called without an active exception",),
           "The job's work finished; {rank} aborted during interpreter teardown: a torch/gloo exit bug, not a "
@@ -904,7 +922,18 @@ CAUSES: tuple = (
           "connect to a loopback address and the job times out or is refused.",
           "getent hosts $(hostname) on each node; ddpdoctor check --only env",
           "set GLOO_SOCKET_IFNAME to the interface the nodes share (ip -br addr), or add the host's name and "
-          "address to /etc/hosts"),
+          "address to /etc/hosts",
+          # A warning, printed by every gloo job on a machine whose name does not resolve, and harmless on one
+          # machine: alone it is a family, never the confident cause of a job that failed for a reason the log
+          # names elsewhere (or not at all).
+          candidates=(
+              ("gloo-hostname-unresolved", "the ranks run on several machines (--nnodes above 1, several hosts in "
+                                           "the log) and fail to connect or time out: the others were sent the "
+                                           "loopback address"),
+              ("earlier-error", "all ranks run on one machine: the fallback to loopback works there and the warning "
+                                "is harmless; the job's own error is the other line of the log")),
+          undecided="gloo fell back to the loopback address because this machine's name does not resolve: fatal "
+                    "across machines (the others cannot reach 127.0.0.1), harmless when all ranks run on one."),
     Cause("monitored-barrier-failed", "a rank did not reach the monitored barrier in time",
           (r"Ranks? (?P<ranks>\d[\d, ]{0,200}) failed to pass monitoredBarrier in \d{1,12} ms",
            r"timed out in monitoredBarrier after \d{1,12} ms",
