@@ -258,6 +258,129 @@ CAUSES: tuple = (
           "each rank prints with NCCL_DEBUG=INFO",
           "install the same torch/NCCL on every node (one image, one wheel), and drop a stray libnccl from "
           "LD_LIBRARY_PATH"),
+    # --- explain6 (issue 25, after heldout4 was seen): classes behind its misses. Kept together; each family
+    # says how to tell its candidates apart, and evidence.py / versions.py decide or reorder them.
+    Cause("nccl-bootstrap-truncated", "NCCL's bootstrap received a message of the wrong size",
+          (r"bootstrap\.cc:\d{1,9} NCCL WARN (?:NET/Socket : )?[Mm]essage truncated",),
+          "NCCL's bootstrap (the socket ring the ranks use at communicator creation to exchange addresses and "
+          "connection handles, before any collective) received a message of another size than it expected. "
+          "These are NCCL's own fixed-size messages, not your tensors: a size mismatch here is NCCL itself (a "
+          "release with a bootstrap bug, such as 2.19.3), ranks running different NCCL versions, or a foreign "
+          "connection to the bootstrap port.",
+          "the 'NCCL version' line each rank prints with NCCL_DEBUG=INFO (the same on every rank? a release with "
+          "a known bootstrap bug?); python -c 'import torch; print(torch.cuda.nccl.version())' on every node",
+          "the fix of the candidate the versions point at (see the candidates)",
+          candidates=(
+              ("nccl-known-bug", "intermittent, at start-up, with the same NCCL everywhere: a bootstrap bug of that "
+                                 "release (2.19.3: NVIDIA/nccl#1176, fixed by moving to 2.18.6); install another "
+                                 "NCCL release (a torch wheel or container with another NCCL, or LD_PRELOAD one)"),
+              ("nccl-version-mismatch", "the ranks' 'NCCL version' lines differ (nodes with different images or "
+                                        "wheels): install the same NCCL everywhere"),
+              ("port-in-use", "another program connects to the ranks' bootstrap ports (a port scanner, a second job "
+                              "on the same ports): NCCL_DEBUG=INFO's 'Bootstrap : Using' address; keep the job's "
+                              "ports private"))),
+    Cause("nccl-unhandled-cuda", "NCCL's CUDA call failed (unhandled cuda error): one of three causes",
+          (r"ncclUnhandledCudaError", r"unhandled cuda error"),
+          "A CUDA call made inside NCCL failed and NCCL returned ncclUnhandledCudaError. The message is the same "
+          "for several causes: the driver does not fit the CUDA the wheel (or NCCL) was built for; a bug of the "
+          "NCCL release in use (2.18 before 2.18.6 had one: NVIDIA/nccl#1024); or the GPU or the GPUs' "
+          "peer-to-peer path is in a bad state. With NCCL_DEBUG=INFO, NCCL prints the failing call and the CUDA "
+          "error ('Cuda failure N ...') just above.",
+          "rerun with NCCL_DEBUG=INFO: the 'Cuda failure' WARN names the CUDA error; nvidia-smi (driver) against "
+          "python -c 'import torch; print(torch.version.cuda, torch.cuda.nccl.version())'",
+          "the fix of the candidate the CUDA error and the versions point at (see the candidates)",
+          candidates=(
+              ("cuda-driver-mismatch", "'driver version is insufficient', 'initialization error', or nvidia-smi's "
+                                       "CUDA older than torch.version.cuda: update the driver or install a wheel "
+                                       "for the driver's CUDA"),
+              ("nccl-known-bug", "the log's NCCL version is a release with a known bug (2.18.x before 2.18.6: "
+                                 "NVIDIA/nccl#1024): install a torch or NCCL with a fixed release (pip install "
+                                 "nvidia-nccl-cu12 of a newer release, or a newer torch)"),
+              ("gpu-bad-state", "'illegal memory access', 'unspecified launch failure', Xid errors in dmesg, or it "
+                                "passes with NCCL_P2P_DISABLE=1 (a broken peer-to-peer path, common on consumer "
+                                "GPUs and some VMs): reset the GPU, or keep NCCL_P2P_DISABLE=1"))),
+    Cause("state-dict-mismatch", "a checkpoint's keys do not fit the model: one of three causes",
+          (r"Missing key\(s\) in state_dict", r"Unexpected key\(s\) in state_dict"),
+          "load_state_dict found keys the model does not have, or lacks keys it has. The message is the same "
+          "for several causes: the checkpoint was saved from the DDP or DataParallel wrapper (every key starts "
+          "with 'module.'), saved from a torch.compile'd model (keys start with '_orig_mod.'), or it belongs to "
+          "another architecture or configuration.",
+          "the first keys on each side: list(torch.load(path, map_location='cpu'))[:3] against "
+          "list(model.state_dict())[:3]",
+          "the fix of the candidate the keys point at (see the candidates)",
+          candidates=(
+              ("state-dict-module-prefix", "the checkpoint's keys start with 'module.' and the model's do not (or the "
+                                           "other way round): save model.module.state_dict(); strip the prefix "
+                                           "with consume_prefix_in_state_dict_if_present(sd, 'module.')"),
+              ("compiled-state-dict-prefix", "the keys start with '_orig_mod.': the model was torch.compile'd when "
+                                             "saved; save model._orig_mod.state_dict() or strip '_orig_mod.'"),
+              ("checkpoint-model-mismatch", "the names differ beyond a prefix, or 'size mismatch for' lines follow: "
+                                            "another model or config; load the matching config or checkpoint"))),
+    Cause("interactive-env-ddp", "a multi-process strategy started from a notebook (interactive environment)",
+          (r"is not compatible with an interactive environment",),
+          "The trainer was asked (or chose by itself, with devices or accelerator 'auto' on a machine with several "
+          "GPUs) for a strategy that starts processes the way a script does (ddp, ddp_spawn), from Jupyter, "
+          "Colab or an IPython shell: a notebook cannot be re-launched per rank, and spawn cannot pickle what "
+          "the notebook defines.",
+          "the log comes from a notebook; Trainer(...) without strategy, or with strategy='ddp'/'ddp_spawn'",
+          "run the code as a script (torchrun / python train.py), or in the notebook use strategy='ddp_notebook' "
+          "(Lightning 1.7+, a fork-based DDP), or one device (devices=1)"),
+    Cause("multi-device-module-ddp", "DDP given a model spread over several GPUs: one of two causes",
+          # not for a CPU model (the message then ends "module parameters {device(type='cpu')}": cpu-tensor-nccl)
+          (r"device_ids and output_device arguments only work with single-device"
+           r"(?!.{0,400}?module parameters \{device\(type='cpu'\)\})",),
+          "DistributedDataParallel was given device_ids for a model whose parameters are on several GPUs (loaded "
+          "with device_map='auto', or split by hand). Two readings: one process was meant (model parallelism over "
+          "the GPUs) but a launcher started DDP because it saw several GPUs (accelerate or the transformers "
+          "Trainer under accelerate launch, a config with several processes); or one process per GPU was meant "
+          "and each rank's copy should sit on its own GPU.",
+          "how many processes the launcher started (accelerate's 'Num processes', 'Distributed environment'); "
+          "the from_pretrained call's device_map",
+          "the fix of the candidate that fits what was meant (see the candidates)",
+          candidates=(
+              ("accelerate-multi-gpu-one-process", "one process was meant (device_map='auto' over the GPUs): start "
+                                                   "one plain process (python train.py; accelerate config with "
+                                                   "distributed_type NO, or --num_processes 1 on an accelerate "
+                                                   "release that honours it), not a multi-GPU launch"),
+              ("quantized-device-map", "a process per GPU was meant: load each rank's copy on its own GPU "
+                                       "(device_map={'': local_rank}) instead of device_map='auto'"))),
+    Cause("uneven-inputs", "the ranks ran out of data at different steps (uneven inputs)",
+          (r"Detected at least one rank that exhausted inputs",),
+          "The ranks did not get the same number of batches (an IterableDataset or a sampler that does not split "
+          "the data evenly, a dataset filtered per rank, a last batch dropped on some ranks only): the rank with "
+          "fewer stops issuing DDP's collectives while the others wait in theirs, until the timeout (or DDP's "
+          "join() with throw_on_early_termination raises).",
+          "print len(dataloader) (or count the batches) on every rank; ddpdoctor check --only sampler",
+          "give every rank the same number of batches (DistributedSampler with drop_last=True; for an "
+          "IterableDataset split the shards evenly and stop all ranks at the shortest), or wrap the loop in "
+          "DDP's join context manager: with model.join(): (torch.distributed.algorithms.Join)"),
+    Cause("gloo-recv-timeout", "a gloo collective waited past its timeout for a peer's data",
+          (r"Timed out waiting \d{1,18}ms for (?:recv|send) operation to complete",),
+          "A gloo collective (all_reduce, broadcast, barrier on a gloo process group, CPU training) waited for "
+          "a peer's data longer than the process group timeout (30 minutes by default). The peer is somewhere "
+          "else: busy with work of its own, out of data while this rank still has batches, or gone (an error, "
+          "a kill by the host's OOM killer).",
+          "the other ranks' last lines (a progress line, an error, nothing at all); len(dataloader) on every rank; "
+          "dmesg -T | grep -i -e oom -e killed on the nodes",
+          "the fix of the candidate the other ranks' lines point at (see the candidates)",
+          candidates=(
+              ("slow-rank-timeout", "a rank was busy in work of its own (evaluation, saving, preprocessing) as long "
+                                    "as the timeout: raise timeout= in init_process_group or move the work"),
+              ("uneven-inputs", "the ranks have different numbers of batches (an IterableDataset, an uneven "
+                                "split): the rank with fewer stopped first; equal batches or DDP's join()"),
+              ("peer-closed", "a rank died first (its error, or no line at all from it: an OOM kill leaves none; "
+                              "dmesg shows it): fix that rank"))),
+    Cause("lightning-device-index-bug", "Lightning used a GPU's physical number where CUDA renumbers them",
+          (),
+          "CUDA_VISIBLE_DEVICES (or Lightning's gpus='6,7') made the GPUs listed visible as cuda:0, cuda:1, ...; "
+          "Lightning's DDP of that time passed the physical number (6) to torch.cuda.set_device, which asks for a "
+          "device that does not exist in the renumbered list: invalid device ordinal. A Lightning bug "
+          "(Lightning-AI/pytorch-lightning#1540, #2407, fixed by PR #2739), not too many processes.",
+          "the log's visible GPUs (VISIBLE GPUS / CUDA_VISIBLE_DEVICES) do not start at 0, and the traceback goes "
+          "through pytorch_lightning; pip show pytorch-lightning",
+          "upgrade Lightning; meanwhile select GPUs by count (gpus=2) after exporting CUDA_VISIBLE_DEVICES=6,7, "
+          "rather than naming the physical ids to Lightning"),
+    # --- end of explain6's block
     Cause("nccl-message-truncated", "NCCL received more bytes than the receiving rank expected",
           (r"NCCL WARN (?:NET/Socket : )?[Mm]essage truncated",),
           "A peer sent more data than this rank posted for the same operation: the ranks disagree on a "
@@ -321,7 +444,7 @@ CAUSES: tuple = (
           "keep one NCCL, the one this torch wheel requires: uninstall the extra nvidia-nccl package or drop "
           "the other libnccl from LD_LIBRARY_PATH (pip install --force-reinstall torch restores its own)"),
     Cause("nccl-not-built", "this PyTorch has no NCCL (Windows, macOS or CPU build)",
-          (r"Distributed package doesn't have NCCL built in",),
+          (r"Distributed package doesn't have NCCL (?:\" \")?built in",),
           "backend='nccl' was requested from a PyTorch without NCCL: every Windows and macOS build, and CPU "
           "builds on Linux. It is not a missing install step.",
           "python -c 'import torch.distributed as d; print(d.is_nccl_available())'",
