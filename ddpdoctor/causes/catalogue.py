@@ -380,6 +380,100 @@ CAUSES: tuple = (
           "through pytorch_lightning; pip show pytorch-lightning",
           "upgrade Lightning; meanwhile select GPUs by count (gpus=2) after exporting CUDA_VISIBLE_DEVICES=6,7, "
           "rather than naming the physical ids to Lightning"),
+    # explain6, after dev5 was scored (tests/data/explain_realworld/dev5): its classes.
+    Cause("fsdp-mixed-requires-grad", "one FSDP unit mixes frozen and trainable parameters",
+          (r"FlatParameter`? requires uniform `?requires_grad",
+           r"Must flatten tensors with uniform `?requires_grad"),
+          "FSDP (with use_orig_params=False) flattens the parameters of each wrapped unit into one FlatParameter, "
+          "which has one requires_grad; this unit holds frozen and trainable parameters together (LoRA/PEFT adapters "
+          "on a frozen base, a frozen encoder inside a trained block, layers frozen before wrapping).",
+          "{p.requires_grad for p in unit.parameters()} for each unit the auto-wrap policy makes",
+          "pass use_orig_params=True (torch 2.1+; accelerate: fsdp_use_orig_params: true), or wrap the frozen and "
+          "the trainable parameters in separate FSDP units (an auto-wrap policy that wraps the trainable layers on "
+          "their own), or freeze parameters after wrapping"),
+    Cause("spawn-main-guard", "a new process started while the main module was still being imported (spawn)",
+          (r"An attempt has been made to start a new process before the",),
+          "Under the spawn start method (the default on Windows and macOS; mp.spawn, DataLoader workers with "
+          "num_workers > 0, accelerate's notebook launcher) every child process re-imports the main script. Code "
+          "at module level that starts processes (the training loop, iterating a DataLoader) runs again in the child "
+          "before the child has finished starting, and multiprocessing refuses.",
+          "the script starts training or iterates a DataLoader at module level, with no if __name__ == '__main__': guard",
+          "put the entry point under if __name__ == '__main__': (define main() and call it there); num_workers=0 "
+          "avoids the child processes as a stopgap"),
+    Cause("module-attribute-unwrapped", "'.module' reached on a model that is not wrapped (DDP/DataParallel)",
+          (r"'(?!\w{0,60}DataParallel')(?P<cls>\w{1,100})' object has no attribute 'module'",),
+          "The code reaches the model through .module, which only the DataParallel/DistributedDataParallel wrapper "
+          "has; here the model ('{cls}') is not wrapped: a script written for multi-GPU training run on one GPU or "
+          "without its launcher (the wrapping is skipped), or a copy of the model (EMA, a loaded checkpoint) that "
+          "was never wrapped.",
+          "where the model is wrapped: the condition (GPU count, --launcher, distributed flag) that skips the wrapping",
+          "unwrap only when wrapped: m = model.module if hasattr(model, 'module') else model; or keep the wrapper on "
+          "one GPU as the project expects (DataParallel works with one GPU), or run with the launcher it expects"),
+    Cause("autograd-inplace", "a tensor autograd saved was modified in place: DDP's buffer broadcast, or the model's own code",
+          (r"one of the variables needed for gradient computation has been modified by an inplace operation",),
+          "Backward needs a tensor that was changed in place after the forward that used it. Under "
+          "DistributedDataParallel this is usually DDP itself: with broadcast_buffers=True (the default) every "
+          "forward copies rank 0's buffers (BatchNorm running statistics, registered masks or position ids) into "
+          "place, so a second forward before backward (GAN discriminator and generator passes, two views, an EMA "
+          "or evaluation pass) or a buffer the model updates in place invalidates what the first forward saved. "
+          "Outside DDP it is an in-place operation in the model (ReLU(inplace=True), +=, indexing assignment).",
+          "does it fail in a single process too? the tensor the message names ([torch.cuda.FloatTensor [N]] "
+          "is at version k): a buffer or an activation; torch.autograd.set_detect_anomaly(True) names the op",
+          "the fix of the candidate the checks point at (see the candidates)",
+          candidates=(
+              ("ddp-broadcast-buffers", "it works in a single process and fails under DDP, the model has buffers "
+                                        "(BatchNorm, register_buffer) and calls forward more than once per backward: "
+                                        "DistributedDataParallel(..., broadcast_buffers=False), or SyncBatchNorm, or "
+                                        "one forward per backward"),
+              ("inplace-op-in-model", "it fails in a single process too: anomaly detection names an in-place op in "
+                                      "the model (ReLU(inplace=True), x += y, x[idx] = ...); make it out of place "
+                                      "(x = x + y) or clone() the tensor first"))),
+    Cause("nccl-graph-mismatch", "the ranks computed different NCCL rings or trees",
+          (r"NCCL WARN Error : (?:ring|tree) \d{1,9} does not loop back to start",),
+          "NCCL's topology search on each rank produced a ring (or tree) that does not close: the ranks disagree on "
+          "the graph. With the same NCCL and settings everywhere that is NCCL itself (a release's bug, such as the "
+          "uninitialized PCI link speeds of 2.19); otherwise the ranks run different NCCL versions or NCCL_* "
+          "settings, or see different topologies (containers or VMs that hide /sys).",
+          "the 'NCCL version' line and the NCCL_* variables on every rank (NCCL_DEBUG=INFO); "
+          "NCCL_DEBUG_SUBSYS=GRAPH,INIT and NCCL_TOPO_DUMP_FILE on two nodes to compare",
+          "the fix of the candidate the versions and settings point at (see the candidates)",
+          candidates=(
+              ("nccl-known-bug", "the same NCCL release and settings on every rank: a bug of that release (2.19.x: "
+                                 "fixed in 2.20, NVIDIA/nccl#1020); install another NCCL release"),
+              ("nccl-version-mismatch", "the ranks' NCCL versions or NCCL_* settings (NCCL_ALGO, NCCL_HOSTID, "
+                                        "NCCL_TOPO_FILE) differ: make them identical"),
+              ("nccl-topology-hidden", "containers or VMs where NCCL cannot read the PCI topology (/sys): mount "
+                                       "/sys or give NCCL_TOPO_FILE"))),
+    Cause("cuda-init-error", "CUDA initialization error: a forked process, or the driver",
+          (r"CUDA error: initialization error",
+           r"[Cc]uda (?:runtime )?error \(3\) ?: initialization error"),
+          "CUDA could not be initialized in this process. The message is the same for several causes: a process "
+          "forked after the parent used CUDA (DataLoader workers with num_workers > 0 whose dataset, collate_fn or "
+          "a CUDA default tensor type touches the GPU) cannot initialize CUDA again; or the NVIDIA driver is missing, "
+          "broken or was updated without a reboot.",
+          "the traceback: a DataLoader worker (worker.py, _worker_loop) or a forked Process means the fork; the main "
+          "process at its first CUDA call means the driver (nvidia-smi)",
+          "the fix of the candidate the traceback points at (see the candidates)",
+          candidates=(
+              ("cuda-fork", "the error comes from a DataLoader worker or another forked process: keep CUDA out of the "
+                            "dataset, collate_fn and default tensor type (move batches to the GPU in the training loop), "
+                            "or start workers with spawn (multiprocessing_context='spawn')"),
+              ("cuda-driver-mismatch", "the main process fails at its first CUDA call: nvidia-smi fails or shows a "
+                                       "driver older than torch.version.cuda, or the driver was just updated: "
+                                       "reinstall the driver or reboot"),
+              ("cuda-unavailable", "in a container or job without the GPU devices (docker --gpus, the scheduler's GPU "
+                                   "request): torch.cuda.is_available() is False there"))),
+    Cause("cuda-unavailable", "NCCL asked for, but this process sees no GPU",
+          (r"ProcessGroupNCCL is only supported with GPUs, no GPUs found",),
+          "backend='nccl' was requested in a process where torch sees no CUDA device (torch.cuda.device_count() is "
+          "0): a CPU-only torch build, an NVIDIA driver that is missing or does not fit the build, "
+          "CUDA_VISIBLE_DEVICES set to nothing or to GPUs that do not exist, or a container or job started without "
+          "its GPUs.",
+          "python -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available())'; "
+          "nvidia-smi; echo $CUDA_VISIBLE_DEVICES",
+          "install a CUDA build of torch that fits the driver (torch.version.cuda must not be None), make the GPUs "
+          "visible (CUDA_VISIBLE_DEVICES, docker --gpus all, the scheduler's GPU request), or use backend='gloo' on "
+          "a machine without GPUs"),
     # --- end of explain6's block
     Cause("nccl-message-truncated", "NCCL received more bytes than the receiving rank expected",
           (r"NCCL WARN (?:NET/Socket : )?[Mm]essage truncated",),
@@ -724,7 +818,8 @@ CAUSES: tuple = (
                                         "the config) in a single process: use BatchNorm there"))),
 
     Cause("port-in-use", "address already in use: the launcher's port, or one the program sets itself",
-          (r"EADDRINUSE", r"[Aa]ddress already in use"),
+          (r"EADDRINUSE", r"[Aa]ddress already in use",
+           r"another process is utilizing it"),  # explain6: accelerate launch's own check of the port
           "The port the job's store listens on is held by another process: a previous run that did not exit, "
           "a second job on the node, another user. Two places choose that port and print the same line: the "
           "launcher (MASTER_PORT, --master-port, 29500 by default; torchrun's agent, accelerate, deepspeed) or "
@@ -864,7 +959,8 @@ CAUSES: tuple = (
           "list as many GPUs as local ranks"),
     Cause("ddp-unused-parameters", "DDP unused parameters",
           (r"Expected to have finished reduction in the prior iteration",
-           r"did not receive grad for rank \d+"),
+           r"did not receive grad for rank \d+",
+           r"LightningModule has parameters that were not used in producing the loss"),  # explain6: Lightning's wording
           "Some parameters got no gradient in the last iteration (a branch not taken, a frozen head, an "
           "output not used in the loss), so DDP's reduction never finished.",
           "ddpdoctor check --only param-sync (names unused parameters), or rerun with "
@@ -1022,7 +1118,15 @@ CAUSES: tuple = (
           "transport/ the data path, misc/ helpers). Alone it may be harmless; before a failure it is "
           "usually the first sign of it.",
           "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=ALL (the lines before the WARN); NCCL_TOPO_DUMP_FILE for graph/ warnings",
-          "act on the message; if it is a topology warning in a container, give NCCL /sys (or NCCL_TOPO_FILE)"),
+          "act on the message; if it is a topology warning in a container, give NCCL /sys (or NCCL_TOPO_FILE)",
+          # explain6: a WARN no entry reads is a family, never one confident cause (dev5's 511 was named as one)
+          candidates=(("nccl-known-bug", "the message is about NCCL's own state (graph/, misc/, enqueue), the same on "
+                                         "every rank's setup: a bug of the NCCL release; search NVIDIA/nccl's issues "
+                                         "for the message and try a newer NCCL (torch.cuda.nccl.version())"),
+                      ("nccl-topology-hidden", "a graph/ or topology warning in a container or VM: NCCL could not "
+                                               "read the PCI/NVLink topology; mount /sys or set NCCL_TOPO_FILE"),
+                      ("nccl-version-mismatch", "ranks or nodes load different NCCL releases: "
+                                                "torch.cuda.nccl.version() on every node"))),
     Cause("gloo-enforce", "gloo refused a call or lost a connection",
           (r"\[(?:enforce fail at )?[^\s\[\]]{0,300}gloo/[^\s\[\]]{0,200}:\d{1,9}\]",),
           "gloo checked something and it did not hold (the message after the file names it): in "
@@ -1031,5 +1135,13 @@ CAUSES: tuple = (
           "transport/tcp: the other ranks' errors and GLOO_SOCKET_IFNAME; otherwise TORCH_DISTRIBUTED_DEBUG=DETAIL "
           "(the shapes each rank passed)",
           "give every rank the same collective arguments; for connection errors, fix the rank that exited first "
-          "or the interface (GLOO_SOCKET_IFNAME)"),
+          "or the interface (GLOO_SOCKET_IFNAME)",
+          # explain6: by the file gloo names (evidence ranks transport/ first), never one confident cause
+          candidates=(("gloo-size-mismatch", "the file is not transport/: the ranks passed different sizes or "
+                                             "counts to the same collective (TORCH_DISTRIBUTED_DEBUG=DETAIL)"),
+                      ("peer-closed", "transport/tcp (a connection closed, reset or refused): another rank exited "
+                                      "first; its own error is the cause"),
+                      ("gloo-connect-full-mesh", "transport/tcp at start-up on several nodes: gloo picked an "
+                                                 "interface or host address the peers cannot reach; "
+                                                 "GLOO_SOCKET_IFNAME"))),
 )

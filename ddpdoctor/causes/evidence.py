@@ -227,7 +227,9 @@ def gather(lines: Sequence[str]) -> Evidence:
             if m:
                 ev.visible_gpus = len([d for d in m.group(1).split(",") if d])
         if "find_unused_parameters" in line:
-            if "keyword argument" not in line and "`find_unused" not in line and _FIND_UNUSED_ON.search(line):
+            if ("keyword argument" not in line and "`find_unused" not in line
+                    and "strategy=DDPStrategy(find_unused" not in line  # Lightning's advice (explain6)
+                    and _FIND_UNUSED_ON.search(line)):
                 ev.find_unused_on = ev.find_unused_on or line.strip()[:_KEPT]
             elif not ev.find_unused_on and "Since `find_unused_parameters=True` is enabled" in line:
                 # the reducer's newer wording says the setting is on: keep the words that say so
@@ -491,7 +493,7 @@ def _read_explain6(lines: Sequence[str], found: dict, ev: Evidence, add: Callabl
     physical number used where CUDA renumbers them, and which prefix a checkpoint's keys carry."""
     # A known bug of the NCCL release the log prints: said as a fact; for NCCL's bootstrap truncation (NCCL's own
     # messages, not the user's tensors) the release's bug decides the family, elsewhere it goes first.
-    for family in ("nccl-bootstrap-truncated", "nccl-unhandled-cuda"):
+    for family in ("nccl-bootstrap-truncated", "nccl-unhandled-cuda", "nccl-graph-mismatch"):
         if family in found:
             fact = known_nccl_bug(lines, family)
             if fact:
@@ -535,6 +537,23 @@ def _read_explain6(lines: Sequence[str], found: dict, ev: Evidence, add: Callabl
             _rank_first(found, "state-dict-mismatch", "compiled-state-dict-prefix", ev.compiled_keys)
         elif ev.size_mismatch:
             _rank_first(found, "state-dict-mismatch", "checkpoint-model-mismatch", ev.size_mismatch)
+    # gloo's enforce from its transport (a connection): a peer's exit goes first, not a size mismatch.
+    if "gloo-enforce" in found and "/transport/" in found["gloo-enforce"].evidence:
+        _rank_first(found, "gloo-enforce", "peer-closed", found["gloo-enforce"].evidence)
+    # CUDA's "initialization error" in a DataLoader worker: CUDA used in a forked worker decides it.
+    if "cuda-init-error" in found:
+        worker = next((ln.strip() for ln in lines if "_worker_loop" in ln or "DataLoader worker process" in ln), "")
+        if worker:
+            _rank_first(found, "cuda-init-error", "cuda-fork", worker)
+            found["cuda-init-error"].decided = True
+            note("cuda-init-error", f"The error is raised in a DataLoader worker: '{shorten(worker, 100)}'.")
+    # An in-place change to a saved tensor under DDP: with broadcast_buffers=False in the log the buffers' broadcast
+    # is ruled out, so the model's own in-place op goes first.
+    if "autograd-inplace" in found:
+        off = next((ln.strip() for ln in lines if "broadcast_buffers=False" in ln or "broadcast_buffers = False" in ln),
+                   "")
+        if off:
+            _rank_first(found, "autograd-inplace", "inplace-op-in-model", f"buffers' broadcast already off: '{off}'")
     # DDP around a model spread over GPUs: a launcher that started several processes from one config reads as one
     # process meant; several processes a user asked for (--nproc-per-node above 1) read as a process per GPU.
     if "multi-device-module-ddp" in found and ev.nproc is not None and ev.nproc > 1:

@@ -37,6 +37,10 @@ NCCL_KNOWN_BUGS = (
      "NCCL 2.18 before 2.18.6 has a bug that ends in ncclUnhandledCudaError ('Call to CUDA function failed'), "
      "fixed in 2.18.6 (commit 4365458; torch 2.1's wheels bring 2.18.1)",
      "NVIDIA/nccl#1024"),
+    ((2, 19, 3), (2, 20, 0), ("nccl-graph-mismatch",),
+     "NCCL 2.19 left PCI link speeds uninitialized, so ranks could compute different rings or trees (graph/rings.cc "
+     "'does not loop back to start'); fixed in NCCL 2.20",
+     "NVIDIA/nccl#1020"),
 )
 """Known NCCL release bugs, read against the 'NCCL version' a log prints."""
 
