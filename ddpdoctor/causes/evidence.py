@@ -491,16 +491,14 @@ def _read_explain6(lines: Sequence[str], found: dict, ev: Evidence, add: Callabl
                    too_many: bool) -> None:
     """explain6's readings: a known bug of the NCCL release the log prints, uneven inputs behind a timeout, a GPU's
     physical number used where CUDA renumbers them, and which prefix a checkpoint's keys carry."""
-    # A known bug of the NCCL release the log prints: said as a fact; for NCCL's bootstrap truncation (NCCL's own
-    # messages, not the user's tensors) the release's bug decides the family, elsewhere it goes first.
+    # A known bug of the NCCL release the log prints: said as a fact, and that candidate goes first (the family stays
+    # a family: the table names releases, not this job's failure).
     for family in ("nccl-bootstrap-truncated", "nccl-unhandled-cuda", "nccl-graph-mismatch"):
         if family in found:
             fact = known_nccl_bug(lines, family)
             if fact:
                 _rank_first(found, family, "nccl-known-bug", fact)
                 note(family, fact)
-                if family == "nccl-bootstrap-truncated":
-                    found[family].decided = True
     if "nccl-unhandled-cuda" in found and ev.driver_sign:
         _rank_first(found, "nccl-unhandled-cuda", "cuda-driver-mismatch", ev.driver_sign)
     # A timeout in a job whose ranks may hold different numbers of batches (an IterableDataset): uneven inputs
@@ -543,10 +541,9 @@ def _read_explain6(lines: Sequence[str], found: dict, ev: Evidence, add: Callabl
     # CUDA's "initialization error" in a DataLoader worker: CUDA used in a forked worker decides it.
     if "cuda-init-error" in found:
         worker = next((ln.strip() for ln in lines if "_worker_loop" in ln or "DataLoader worker process" in ln), "")
-        if worker:
-            _rank_first(found, "cuda-init-error", "cuda-fork", worker)
-            found["cuda-init-error"].decided = True
-            note("cuda-init-error", f"The error is raised in a DataLoader worker: '{shorten(worker, 100)}'.")
+        if worker and add("cuda-fork", like="cuda-init-error"):
+            found.pop("cuda-init-error")
+            note("cuda-fork", f"The error is raised in a DataLoader worker (a forked process): '{shorten(worker, 100)}'.")
     # An in-place change to a saved tensor under DDP: with broadcast_buffers=False in the log the buffers' broadcast
     # is ruled out, so the model's own in-place op goes first.
     if "autograd-inplace" in found:
