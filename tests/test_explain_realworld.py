@@ -180,12 +180,12 @@ def test_dev5_is_new_and_scrubbed():
     """dev5: a development set (even-numbered threads, so that a blind fifth held-out set can take the odd ones),
     new against every earlier set and the older corpus, labelled and scrubbed like the held-out sets."""
     earlier = CASES + SECOND + THIRD + FOURTH
-    assert len(FIFTH_DEV) >= 23
+    assert len(FIFTH_DEV) >= 28
     sources = [c["source"] for c in FIFTH_DEV]
     assert len(set(sources)) == len(sources), "one log per thread"
     assert not {s.lower() for s in sources} & {c["source"].lower() for c in earlier}
     for case in FIFTH_DEV:
-        assert case["half"] == "dev" and case["added"] == "dev5", case
+        assert case["half"] == "dev" and case["added"] in ("dev5", "dev5-late"), case
         assert int(case["source"].rsplit("/", 1)[1]) % 2 == 0, case  # odd numbers are the blind set's
         assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+", case["source"]), case
         assert re.fullmatch(r"[a-z0-9-]+", case["expect"]), case
@@ -201,8 +201,9 @@ def test_dev5_is_new_and_scrubbed():
 
 def test_dev5_keeps_its_score():
     """Scored before the catalogue changed for it (RESULTS.md): 9 of 23 right, 1 wrong (511: an NCCL graph/ WARN
-    named as NCCL's generic warning), 13 unknown. After explain6's work on its classes: 23 right, none wrong."""
+    named as NCCL's generic warning), 13 unknown. After explain6's work on its classes: 23 right, none wrong. Five late
+    threads (dev5-late), scored on that catalogue before any change for them: 1 right, 4 unknown."""
     results = score.run(FIFTH_DEV)
     wrong = {c["id"] for c, _, o in results if o == "wrong"}
     assert not wrong, sorted(wrong)
-    assert [o for _, _, o in results].count("right") >= 23, [(c["id"], o) for c, _, o in results if o != "right"]
+    assert [o for _, _, o in results].count("right") >= 24, [(c["id"], o) for c, _, o in results if o != "right"]
