@@ -280,3 +280,33 @@ def test_an_nccl_warn_or_gloo_enforce_no_entry_reads_is_a_family_not_one_cause()
     assert m.cause.id == "gloo-enforce" and m.candidates[0][0] == "peer-closed"
     size = "RuntimeError: [enforce fail at ../third_party/gloo/gloo/allreduce.cc:12] n == 4\n"
     assert _one(size).candidates[0][0] == "gloo-size-mismatch"
+
+
+def test_file_descriptors_passed_between_processes_have_their_own_cause():
+    assert _one("RuntimeError: received 0 items of ancdata\n").cause.id == "fd-sharing-limit"
+    tb = ('  File "/usr/lib/python3.10/multiprocessing/resource_sharer.py", line 48, in __init__\n'
+          "OSError: [Errno 24] Too many open files\n")
+    m = _one(tb)
+    assert m.cause.id == "too-many-open-files" and m.candidates[0][0] == "fd-sharing-limit"
+    assert "resource_sharer" in m.meaning
+    assert _one("OSError: [Errno 24] Too many open files\n").cause.id == "too-many-open-files"
+
+
+def test_barriers_guessed_gpu_is_the_cause_only_when_nothing_else_is():
+    warn = ("[rank1]:[W1028 04:48:19.8 ProcessGroupNCCL.cpp:4115] [PG ID 0 PG GUID 0 Rank 1]  using GPU 1 to perform "
+            "barrier as devices used by this process are currently unknown. This can potentially cause a hang if this "
+            "rank to GPU mapping is incorrect.\n")
+    assert _one(warn).cause.id == "barrier-device-unknown"
+    dup = "[rank1]: Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000\n"
+    assert "barrier-device-unknown" not in [x.cause.id for x in explain_text(warn + dup)]
+
+
+def test_nccls_internal_error_is_a_family_and_a_topology_file_goes_first():
+    err = "ncclCommInitRank failed with error: NCCL error: internal error\n"
+    m = _one(err)
+    assert m.cause.id == "nccl-internal-error" and len(m.candidates) == 3
+    m = _one("NCCL_TOPO_FILE=/usr/local/share/aws-ofi-nccl/xml/p5.48xl-topo.xml\n" + err)
+    assert m.candidates[0][0] == "nccl-topo-file-invalid"
+    # an NCCL WARN that names the subsystem says more than the bare internal error
+    ib = "host:1:2 [0] transport/net_ib/connect.cc:412 NCCL WARN NET/IB : Trying to use non-existent virtual device 3\n"
+    assert [x.cause.id for x in explain_text(ib + err)] == ["nccl-warn-ib"]

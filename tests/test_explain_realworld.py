@@ -202,8 +202,9 @@ def test_dev5_is_new_and_scrubbed():
 def test_dev5_keeps_its_score():
     """Scored before the catalogue changed for it (RESULTS.md): 9 of 23 right, 1 wrong (511: an NCCL graph/ WARN
     named as NCCL's generic warning), 13 unknown. After explain6's work on its classes: 23 right, none wrong. Five late
-    threads (dev5-late), scored on that catalogue before any change for them: 1 right, 4 unknown."""
+    threads (dev5-late), scored on that catalogue before any change for them: 1 right, 4 unknown; after their classes
+    (descriptor passing, barrier's guessed GPU, NCCL's internal error as a family): 27 of 28 right, 1 partial (529)."""
     results = score.run(FIFTH_DEV)
     wrong = {c["id"] for c, _, o in results if o == "wrong"}
     assert not wrong, sorted(wrong)
-    assert [o for _, _, o in results].count("right") >= 24, [(c["id"], o) for c, _, o in results if o != "right"]
+    assert [o for _, _, o in results].count("right") >= 27, [(c["id"], o) for c, _, o in results if o != "right"]

@@ -474,6 +474,62 @@ CAUSES: tuple = (
           "install a CUDA build of torch that fits the driver (torch.version.cuda must not be None), make the GPUs "
           "visible (CUDA_VISIBLE_DEVICES, docker --gpus all, the scheduler's GPU request), or use backend='gloo' on "
           "a machine without GPUs"),
+    # explain6, after dev5's late threads were scored: file descriptors passed between processes, barrier's guessed
+    # GPU, NCCL's internal error.
+    Cause("fd-sharing-limit", "DataLoader workers ran out of file descriptors passing tensors (file_descriptor sharing)",
+          (r"received \d{1,9} items of ancdata", r"received %d items of ancdata"),
+          "torch.multiprocessing passes each tensor a DataLoader worker returns as an open file descriptor (the "
+          "default file_descriptor sharing strategy on Linux); with many workers, large prefetching or tensors kept "
+          "alive, the process hits its open-files limit (ulimit -n) and the descriptor cannot be received.",
+          "ulimit -n inside the job; ls /proc/<pid>/fd | wc -l while it runs; whether fewer workers make it go away",
+          "torch.multiprocessing.set_sharing_strategy('file_system') at the top of the script (and in each worker "
+          "via worker_init_fn if needed), or raise ulimit -n, or use fewer DataLoader workers"),
+    Cause("too-many-open-files", "a process hit its open-files limit (Errno 24): one of two causes",
+          (r"\[Errno 24\] Too many open files",),
+          "The process reached its limit of open file descriptors (ulimit -n). In training jobs that is most often "
+          "DataLoader workers passing tensors as descriptors (torch.multiprocessing's file_descriptor strategy); "
+          "otherwise the process's own files and sockets (many ranks' connections, open dataset files) outgrew a "
+          "low limit.",
+          "ulimit -n inside the job; ls /proc/<pid>/fd | wc -l; the traceback's frames (multiprocessing's "
+          "resource_sharer or torch/multiprocessing/reductions.py: the DataLoader's descriptors)",
+          "the fix of the candidate the traceback points at (see the candidates)",
+          candidates=(
+              ("fd-sharing-limit", "multiprocessing's resource_sharer, reduction or torch/multiprocessing/reductions.py "
+                                   "in the traceback, or DataLoader workers: "
+                                   "torch.multiprocessing.set_sharing_strategy('file_system'), fewer workers, or a "
+                                   "higher ulimit -n"),
+              ("fd-limit-low", "no DataLoader in the traceback: the process's own files or sockets outgrew ulimit -n; "
+                               "raise it (ulimit -n 65535, LimitNOFILE for a service, the container's nofile) or "
+                               "close what is left open"))),
+    Cause("barrier-device-unknown", "NCCL's barrier guessed which GPU to use (the rank's device was never given)",
+          (r"to perform barrier as devices used by this process are currently unknown",),
+          "ProcessGroupNCCL had to pick a GPU for barrier() on its own (global rank modulo the GPU count) because the "
+          "process had not told it its device: no device_id= to init_process_group, no barrier(device_ids=...), "
+          "and no collective before. When the guess is not the GPU the rank uses (CUDA_VISIBLE_DEVICES, "
+          "torch.cuda.set_device called later or not at all, ranks of several nodes), two ranks end up on one GPU "
+          "or on different GPUs than their communicators: the barrier hangs or NCCL fails. Alone it is a warning: "
+          "it is the cause when the job then hung at a barrier or failed with an NCCL error.",
+          "the rank-to-GPU mapping: print(rank, local_rank, torch.cuda.current_device()) before the barrier",
+          "call torch.cuda.set_device(local_rank) before init_process_group and pass "
+          "device_id=torch.device('cuda', local_rank) to init_process_group (torch 2.3 and later), or "
+          "dist.barrier(device_ids=[local_rank])"),
+    Cause("nccl-internal-error", "NCCL's internal error: one of three causes",
+          (r"NCCL error:? internal error", r"ncclInternalError", r"internal error - please report this issue to the "
+                                                                 r"NCCL developers"),
+          "NCCL reported an internal check that failed (ncclInternalError). The message names no cause of its own: "
+          "a bug of the NCCL release, a topology NCCL was given that it cannot use (a malformed or mismatched "
+          "NCCL_TOPO_FILE, such as a cloud image's topology XML), or ranks running different NCCL releases.",
+          "rerun with NCCL_DEBUG=INFO (NCCL_DEBUG=WARN shows the failing check; with NCCL 2.18 the first WARN line is "
+          "the real error); echo $NCCL_TOPO_FILE; torch.cuda.nccl.version() on every node",
+          "the fix of the candidate the NCCL_DEBUG lines point at (see the candidates)",
+          candidates=(
+              ("nccl-known-bug", "the WARN before it is about NCCL's own state, the same on every rank: a bug of the "
+                                 "release; try another NCCL (a newer nvidia-nccl-cu12, or torch's own)"),
+              ("nccl-topo-file-invalid", "NCCL_TOPO_FILE (or a cloud image's topology XML, aws-ofi-nccl's) is set: "
+                                         "NCCL_DEBUG=INFO names an attribute it cannot find ('Attribute arch of node "
+                                         "cpu not found'); unset it or fix the file"),
+              ("nccl-version-mismatch", "ranks or nodes load different NCCL releases: torch.cuda.nccl.version() on "
+                                        "every node"))),
     # --- end of explain6's block
     Cause("nccl-message-truncated", "NCCL received more bytes than the receiving rank expected",
           (r"NCCL WARN (?:NET/Socket : )?[Mm]essage truncated",),

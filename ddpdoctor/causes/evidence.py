@@ -37,7 +37,9 @@ DERIVED = ("slow-rank-timeout", "ddp-unused-already-on", "torch-distributed-erro
            "accelerate-error", "lightning-device-index-bug")
 # Families by the source file an NCCL WARN or a gloo enforce names (catalogue's last entries).
 AREA = ("nccl-warn-ib", "nccl-warn-network", "nccl-warn-cuda", "nccl-warn", "gloo-enforce", "torch-distributed-error",
-        "accelerate-error")
+        "accelerate-error",
+        # explain6: a warning that is the cause only when nothing else is, and NCCL's internal error (no cause named)
+        "barrier-device-unknown", "nccl-internal-error")
 # Where a Python exception was raised, by the last frame above it: the area family it belongs to.
 _RAISED_IN = (("/torch/distributed/", "torch-distributed-error"), ("/torch/nn/parallel/", "torch-distributed-error"),
               ("/torch/multiprocessing/", "torch-distributed-error"), ("/accelerate/", "accelerate-error"))
@@ -418,16 +420,18 @@ SUBSUMED_BY = {
     "peer-closed": ("nccl-remote-error", "nccl-ib-network", "nccl-wrong-interface"),
     "store-timeout": ("slow-rank-timeout", "uneven-inputs"),
     "nccl-watchdog-timeout": ("slow-rank-timeout", "uneven-inputs"),
+    "no-default-process-group": ("syncbn-single-process",),
+    "ddp-unused-parameters": ("ddp-unused-already-on",),
+    "duplicate-gpu": ("more-ranks-than-gpus",),
+    "cuda-devices-busy": ("cuda-driver-mismatch",),
     # explain6
     "gloo-recv-timeout": ("slow-rank-timeout", "uneven-inputs"),
     "nccl-unhandled-cuda": ("cuda-driver-mismatch", "cuda-arch-unsupported", "nccl-library-mismatch", "nvls-fabric-manager",
                             "nccl-not-built"),
     "state-dict-mismatch": ("state-dict-module-prefix",),
     "more-ranks-than-gpus": ("lightning-device-index-bug",),
-    "no-default-process-group": ("syncbn-single-process",),
-    "ddp-unused-parameters": ("ddp-unused-already-on",),
-    "duplicate-gpu": ("more-ranks-than-gpus",),
-    "cuda-devices-busy": ("cuda-driver-mismatch",),
+    "too-many-open-files": ("fd-sharing-limit",),
+    "nccl-internal-error": ("nccl-warn-ib", "nccl-warn-network", "nccl-warn-cuda", "nccl-warn"),
 }
 # killed-by-signal is redundant only next to the cause its signal stands for.
 _SIGNAL_OWNER = {"SIGKILL": "host-oom", "SIGBUS": "shm-too-small"}
@@ -535,6 +539,18 @@ def _read_explain6(lines: Sequence[str], found: dict, ev: Evidence, add: Callabl
             _rank_first(found, "state-dict-mismatch", "compiled-state-dict-prefix", ev.compiled_keys)
         elif ev.size_mismatch:
             _rank_first(found, "state-dict-mismatch", "checkpoint-model-mismatch", ev.size_mismatch)
+    # "Too many open files" with multiprocessing's descriptor passing in the traceback: the DataLoader's descriptors.
+    if "too-many-open-files" in found:
+        fd = next((ln.strip() for ln in lines if "resource_sharer" in ln or "multiprocessing/reductions.py" in ln
+                   or "DataLoader worker" in ln or "rebuild_storage_fd" in ln), "")
+        if fd:
+            _rank_first(found, "too-many-open-files", "fd-sharing-limit", fd)
+    # NCCL's internal error with a topology file in the log: the file first.
+    if "nccl-internal-error" in found:
+        topo = next((ln.strip() for ln in lines if "NCCL_TOPO_FILE" in ln or "topo.xml" in ln or "aws-ofi-nccl" in ln),
+                    "")
+        if topo:
+            _rank_first(found, "nccl-internal-error", "nccl-topo-file-invalid", topo)
     # gloo's enforce from its transport (a connection): a peer's exit goes first, not a size mismatch.
     if "gloo-enforce" in found and "/transport/" in found["gloo-enforce"].evidence:
         _rank_first(found, "gloo-enforce", "peer-closed", found["gloo-enforce"].evidence)
