@@ -29,7 +29,7 @@ def _ids(text: str) -> list:
 
 
 SPECIFIC = [
-    ("nccl-no-gpu", raised("torch.distributed.DistBackendError",
+    ("cuda-unavailable", raised("torch.distributed.DistBackendError",
                            "ProcessGroupNCCL is only supported with GPUs, no GPUs found!",
                            "ProcessGroupNCCL", "ProcessGroupNCCL.cpp:818")),
     ("collective-noncontiguous", raised("ValueError", "Tensors must be contiguous", "check_gpu_single_tensor",

@@ -150,3 +150,178 @@ def test_an_out_of_memory_on_a_ranks_own_gpu_is_a_family_and_gpu_0s_keeps_its_en
         assert "this process has" in m.candidates[0][1] and "nvidia-smi" in m.candidates[1][1]
     assert _one("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 23.69 GiB total capacity)"
                 ).cause.id == "cuda-oom-gpu0"
+
+
+# --- explain6 (issue 25): heldout4's and dev5's classes. Each fails on the catalogue before explain6.
+
+BOOT = "host:7:9 [1] bootstrap.cc:150 NCCL WARN Message truncated : received 256 bytes instead of 4\n"
+
+
+def test_nccl_bootstrap_truncation_is_a_family_that_a_known_release_orders():
+    m = _one(BOOT)
+    assert m.cause.id == "nccl-bootstrap-truncated"
+    assert [c for c, _ in m.candidates][0] == "nccl-known-bug" and len(m.candidates) <= 3
+    assert "NVIDIA/nccl" not in m.meaning  # no version printed: no release fact
+    m = _one("NCCL version 2.19.3+cuda12.3\n" + BOOT)
+    assert m.candidates[0][0] == "nccl-known-bug" and "NVIDIA/nccl#1176" in m.meaning
+    assert "NVIDIA/nccl#1176" not in _one("NCCL version 2.21.5+cuda12.4\n" + BOOT).meaning
+    # a collective's truncation (its transport, not the bootstrap) stays the size mismatch
+    coll = "host:7:9 [1] transport/net_socket.cc:500 NCCL WARN NET/Socket : message truncated : receiving 1048576 bytes instead of 65536\n"
+    assert "nccl-message-truncated" in [x.cause.id for x in explain_text(coll)]
+    assert "nccl-bootstrap-truncated" not in [x.cause.id for x in explain_text(coll)]
+
+
+def test_the_nccl_release_table_is_sourced_and_read_by_range():
+    from ddpdoctor.causes.versions import NCCL_KNOWN_BUGS, known_nccl_bug
+    import re
+    for first, end, families, fact, source in NCCL_KNOWN_BUGS:
+        assert first < end and families and fact and re.fullmatch(r"NVIDIA/nccl#\d+", source)
+    assert "NVIDIA/nccl#1024" in known_nccl_bug(["NCCL version 2.18.1+cuda12.1"], "nccl-unhandled-cuda")
+    assert known_nccl_bug(["NCCL version 2.18.6+cuda12.1"], "nccl-unhandled-cuda") == ""
+    assert known_nccl_bug(["NCCL version 2.18.1+cuda12.1"], "nccl-bootstrap-truncated") == ""
+    assert known_nccl_bug(["no version here"], "nccl-unhandled-cuda") == ""
+
+
+def test_unhandled_cuda_error_is_a_family_ordered_by_the_release_and_the_driver():
+    bare = "ncclUnhandledCudaError: Call to CUDA function failed.\n"
+    m = _one(bare)
+    assert m.cause.id == "nccl-unhandled-cuda" and len(m.candidates) == 3
+    assert _one("NCCL version 2.18.1+cuda12.1\n" + bare).candidates[0][0] == "nccl-known-bug"
+    # the driver's own message is the cause the family steps aside for
+    drv = "RuntimeError: The NVIDIA driver on your system is too old (found version 11040).\n"
+    assert [x.cause.id for x in explain_text(bare + drv)] == ["cuda-driver-mismatch"]
+
+
+def test_a_state_dict_mismatch_is_read_by_the_keys_prefix():
+    keys = ('RuntimeError: Error(s) in loading state_dict for Net:\n\tMissing key(s) in state_dict: "conv.weight", '
+            '"conv.bias". \n\tUnexpected key(s) in state_dict: "{p}conv.weight", "{p}conv.bias". \n')
+    assert explain_text(keys.format(p="module."))[0].cause.id == "state-dict-module-prefix"
+    m = _one(keys.format(p="_orig_mod."))
+    assert m.cause.id == "state-dict-mismatch" and m.candidates[0][0] == "compiled-state-dict-prefix"
+    m = _one(keys.format(p="head."))
+    assert m.cause.id == "state-dict-mismatch" and len(m.candidates) == 3
+
+
+def test_a_timeout_with_data_that_splits_unevenly_puts_uneven_inputs_first():
+    wd = ("[rank2]:[E ProcessGroupNCCL.cpp:563] [Rank 2] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=19, "
+          "OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for 1800093 milliseconds before timing out.\n")
+    assert explain_text(wd)[0].candidates[0][0] != "uneven-inputs"
+    m = explain_text("class Stream(torch.utils.data.IterableDataset):\n" + wd)[0]
+    assert m.candidates[0][0] == "uneven-inputs" and len(m.candidates) <= 3
+    assert "join" in m.candidates[0][1]
+    assert _one("RuntimeError: Detected at least one rank that exhausted inputs. Throwing across all ranks.\n").cause.id \
+        == "uneven-inputs"
+
+
+def test_gloo_recv_timeout_is_a_family_with_uneven_inputs_among_its_readings():
+    gl = "RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 1800000ms for recv operation to complete\n"
+    m = _one(gl)
+    assert m.cause.id == "gloo-recv-timeout" and [c for c, _ in m.candidates][:2] == ["slow-rank-timeout", "uneven-inputs"]
+
+
+def test_lightning_with_physical_gpu_numbers_is_its_device_index_bug():
+    err = ("CUDA_VISIBLE_DEVICES=2,3 python train.py\nLOCAL_RANK: 0 - CUDA_VISIBLE_DEVICES: [2,3]\n"
+           "  File \"/usr/lib/python3/site-packages/pytorch_lightning/trainer/trainer.py\", line 1, in fit\n"
+           "RuntimeError: CUDA error: invalid device ordinal\n")
+    assert explain_text(err)[0].cause.id == "lightning-device-index-bug"
+    plain = err.replace("pytorch_lightning/", "mylib/")
+    assert explain_text(plain)[0].cause.id != "lightning-device-index-bug"
+
+
+def test_a_notebook_and_a_multi_device_model_have_their_own_causes():
+    nb = ("MisconfigurationException: `Trainer(strategy='ddp')` or `Trainer(accelerator='ddp')` is not compatible "
+          "with an interactive environment. Run your code as a script\n")
+    assert _one(nb).cause.id == "interactive-env-ddp"
+    multi = ("ValueError: DistributedDataParallel device_ids and output_device arguments only work with single-device/"
+             "multiple-device GPU modules or CPU modules, but got device_ids [0], output_device 0, and module "
+             "parameters {device(type='cuda', index=0), device(type='cuda', index=1)}.\n")
+    assert _one(multi).cause.id == "multi-device-module-ddp"
+    cpu = multi.replace("{device(type='cuda', index=0), device(type='cuda', index=1)}", "{device(type='cpu')}")
+    assert "multi-device-module-ddp" not in [x.cause.id for x in explain_text(cpu)]
+
+
+def test_dev5_classes_have_their_own_causes():
+    fsdp = "ValueError: Must flatten tensors with uniform requires_grad when use_orig_params=False\n"
+    assert _one(fsdp).cause.id == "fsdp-mixed-requires-grad"
+    spawn = ("RuntimeError:\n        An attempt has been made to start a new process before the\n"
+             "        current process has finished its bootstrapping phase.\n")
+    assert _one(spawn).cause.id == "spawn-main-guard"
+    assert _one("AttributeError: 'ResNet' object has no attribute 'module'\n").cause.id == "module-attribute-unwrapped"
+    assert _one("RuntimeError: ProcessGroupNCCL is only supported with GPUs, no GPUs found!\n").cause.id \
+        == "cuda-unavailable"
+    port = ("ConnectionError: Tried to launch distributed communication on port `29500`, but another process is "
+            "utilizing it. Please specify a different port (such as using the `--main_process_port` flag)\n")
+    assert "port-in-use" in [c for c, _ in _one(port).candidates] or _one(port).cause.id == "port-in-use"
+
+
+def test_autograd_inplace_is_a_family_and_buffers_off_rules_out_the_broadcast():
+    err = ("RuntimeError: one of the variables needed for gradient computation has been modified by an inplace "
+           "operation: [torch.cuda.FloatTensor [512]] is at version 3; expected version 2 instead.\n")
+    m = _one(err)
+    assert m.cause.id == "autograd-inplace" and m.candidates[0][0] == "ddp-broadcast-buffers"
+    m = _one("model = DDP(model, device_ids=[rank], broadcast_buffers=False)\n" + err)
+    assert m.candidates[0][0] == "inplace-op-in-model"
+
+
+def test_nccl_graph_mismatch_is_a_family_with_the_release_fact():
+    g = "[7] graph/rings.cc:38 NCCL WARN Error : ring 0 does not loop back to start (13 != 15).\n"
+    m = _one(g)
+    assert m.cause.id == "nccl-graph-mismatch" and m.candidates[0][0] == "nccl-known-bug"
+    assert "NVIDIA/nccl#1020" in _one("NCCL version 2.19.3+cuda12.3\n" + g).meaning
+
+
+def test_cuda_initialization_error_in_a_dataloader_worker_is_fork():
+    err = "RuntimeError: CUDA error: initialization error\n"
+    m = _one(err)
+    assert m.cause.id == "cuda-init-error" and len(m.candidates) == 3
+    w = "RuntimeError: Caught RuntimeError in DataLoader worker process 0.\n" + err
+    assert [x.cause.id for x in explain_text(w)] == ["cuda-fork"]
+
+
+def test_lightnings_unused_parameter_advice_is_not_read_as_the_setting_on():
+    err = ("RuntimeError: It looks like your LightningModule has parameters that were not used in producing the loss "
+           "returned by training_step. If this is intentional, you must enable the detection of unused parameters in "
+           "DDP, either by setting the string value `strategy='ddp_find_unused_parameters_true'` or by setting the "
+           "flag in the strategy with `strategy=DDPStrategy(find_unused_parameters=True)`.\n")
+    assert [x.cause.id for x in explain_text(err)] == ["ddp-unused-parameters"]
+
+
+def test_an_nccl_warn_or_gloo_enforce_no_entry_reads_is_a_family_not_one_cause():
+    topo = "host:1:2 [0] graph/search.cc:1135 NCCL WARN Could not find a path for pattern 1, falling back to simple order\n"
+    m = _one(topo)
+    assert m.cause.id == "nccl-warn" and len(m.candidates) == 3
+    tcp = "RuntimeError: [../third_party/gloo/gloo/transport/uv/pair.cc:333] something odd\n"
+    m = _one(tcp)
+    assert m.cause.id == "gloo-enforce" and m.candidates[0][0] == "peer-closed"
+    size = "RuntimeError: [enforce fail at ../third_party/gloo/gloo/allreduce.cc:12] n == 4\n"
+    assert _one(size).candidates[0][0] == "gloo-size-mismatch"
+
+
+def test_file_descriptors_passed_between_processes_have_their_own_cause():
+    assert _one("RuntimeError: received 0 items of ancdata\n").cause.id == "fd-sharing-limit"
+    tb = ('  File "/usr/lib/python3.10/multiprocessing/resource_sharer.py", line 48, in __init__\n'
+          "OSError: [Errno 24] Too many open files\n")
+    m = _one(tb)
+    assert m.cause.id == "too-many-open-files" and m.candidates[0][0] == "fd-sharing-limit"
+    assert "resource_sharer" in m.meaning
+    assert _one("OSError: [Errno 24] Too many open files\n").cause.id == "too-many-open-files"
+
+
+def test_barriers_guessed_gpu_is_the_cause_only_when_nothing_else_is():
+    warn = ("[rank1]:[W1028 04:48:19.8 ProcessGroupNCCL.cpp:4115] [PG ID 0 PG GUID 0 Rank 1]  using GPU 1 to perform "
+            "barrier as devices used by this process are currently unknown. This can potentially cause a hang if this "
+            "rank to GPU mapping is incorrect.\n")
+    assert _one(warn).cause.id == "barrier-device-unknown"
+    dup = "[rank1]: Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000\n"
+    assert "barrier-device-unknown" not in [x.cause.id for x in explain_text(warn + dup)]
+
+
+def test_nccls_internal_error_is_a_family_and_a_topology_file_goes_first():
+    err = "ncclCommInitRank failed with error: NCCL error: internal error\n"
+    m = _one(err)
+    assert m.cause.id == "nccl-internal-error" and len(m.candidates) == 3
+    m = _one("NCCL_TOPO_FILE=/usr/local/share/aws-ofi-nccl/xml/p5.48xl-topo.xml\n" + err)
+    assert m.candidates[0][0] == "nccl-topo-file-invalid"
+    # an NCCL WARN that names the subsystem says more than the bare internal error
+    ib = "host:1:2 [0] transport/net_ib/connect.cc:412 NCCL WARN NET/IB : Trying to use non-existent virtual device 3\n"
+    assert [x.cause.id for x in explain_text(ib + err)] == ["nccl-warn-ib"]

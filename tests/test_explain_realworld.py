@@ -163,8 +163,48 @@ def test_the_fourth_held_out_set_keeps_its_score():
     """Scored once, after this round's catalogue work (RESULTS.md): 18 of 28 right (64.3%), 1 partial, 1 wrong (324:
     NCCL's bootstrap 'Message truncated', an NCCL 2.19.3 bug, named as a collective-size mismatch), 8 unknown (five
     of them causes no log line names: an NCCL release's bug, uneven inputs, a Lightning or accelerate bug, a
-    notebook). It may not fall back, and no other case may become wrong."""
+    notebook). Worked on after it was seen (explain6: NCCL's bootstrap truncation as a family with a sourced table of
+    NCCL release bugs, ncclUnhandledCudaError as a family, uneven inputs, state_dict prefixes, Lightning's GPU index,
+    accelerate with one process, notebooks, NCCL-not-built's source form): 24 right, 2 partial, none wrong. It may
+    not fall back, and no case may become wrong."""
     results = score.run(FOURTH)
     wrong = {c["id"] for c, _, o in results if o == "wrong"}
-    assert wrong <= {"324"}, sorted(wrong)
-    assert [o for _, _, o in results].count("right") >= 18, [(c["id"], o) for c, _, o in results if o != "right"]
+    assert not wrong, sorted(wrong)
+    assert [o for _, _, o in results].count("right") >= 24, [(c["id"], o) for c, _, o in results if o != "right"]
+
+
+FIFTH_DEV = score.load_cases(os.path.join(os.path.dirname(score.__file__), "dev5"))
+
+
+def test_dev5_is_new_and_scrubbed():
+    """dev5: a development set (even-numbered threads, so that a blind fifth held-out set can take the odd ones),
+    new against every earlier set and the older corpus, labelled and scrubbed like the held-out sets."""
+    earlier = CASES + SECOND + THIRD + FOURTH
+    assert len(FIFTH_DEV) >= 28
+    sources = [c["source"] for c in FIFTH_DEV]
+    assert len(set(sources)) == len(sources), "one log per thread"
+    assert not {s.lower() for s in sources} & {c["source"].lower() for c in earlier}
+    for case in FIFTH_DEV:
+        assert case["half"] == "dev" and case["added"] in ("dev5", "dev5-late"), case
+        assert int(case["source"].rsplit("/", 1)[1]) % 2 == 0, case  # odd numbers are the blind set's
+        assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+", case["source"]), case
+        assert re.fullmatch(r"[a-z0-9-]+", case["expect"]), case
+        text = _LOOPBACK_OR_ANY.sub("", score.read_log(case))
+        assert text.strip(), case["file"]
+        assert not re.search(r"\b(?:\d{1,3}\.){3}\d{1,3}\b", text), f"{case['file']}: an address left in"
+    old_table = os.path.join(os.path.dirname(os.path.abspath(__file__)), "explain_corpus", "cases.tsv")
+    with open(old_table, encoding="utf-8") as f:
+        old = {line.split("\t")[8].replace("#", "/").lower() for line in f.read().splitlines()[1:]}
+    ours = {re.sub(r"https://github\.com/|/(?:issues|pull)(?=/)", "", s).lower() for s in sources}
+    assert not ours & old
+
+
+def test_dev5_keeps_its_score():
+    """Scored before the catalogue changed for it (RESULTS.md): 9 of 23 right, 1 wrong (511: an NCCL graph/ WARN
+    named as NCCL's generic warning), 13 unknown. After explain6's work on its classes: 23 right, none wrong. Five late
+    threads (dev5-late), scored on that catalogue before any change for them: 1 right, 4 unknown; after their classes
+    (descriptor passing, barrier's guessed GPU, NCCL's internal error as a family): 27 of 28 right, 1 partial (529)."""
+    results = score.run(FIFTH_DEV)
+    wrong = {c["id"] for c, _, o in results if o == "wrong"}
+    assert not wrong, sorted(wrong)
+    assert [o for _, _, o in results].count("right") >= 27, [(c["id"], o) for c, _, o in results if o != "right"]

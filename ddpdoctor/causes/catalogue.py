@@ -258,6 +258,279 @@ CAUSES: tuple = (
           "each rank prints with NCCL_DEBUG=INFO",
           "install the same torch/NCCL on every node (one image, one wheel), and drop a stray libnccl from "
           "LD_LIBRARY_PATH"),
+    # --- explain6 (issue 25, after heldout4 was seen): classes behind its misses. Kept together; each family
+    # says how to tell its candidates apart, and evidence.py / versions.py decide or reorder them.
+    Cause("nccl-bootstrap-truncated", "NCCL's bootstrap received a message of the wrong size",
+          (r"bootstrap\.cc:\d{1,9} NCCL WARN (?:NET/Socket : )?[Mm]essage truncated",),
+          "NCCL's bootstrap (the socket ring the ranks use at communicator creation to exchange addresses and "
+          "connection handles, before any collective) received a message of another size than it expected. "
+          "These are NCCL's own fixed-size messages, not your tensors: a size mismatch here is NCCL itself (a "
+          "release with a bootstrap bug, such as 2.19.3), ranks running different NCCL versions, or a foreign "
+          "connection to the bootstrap port.",
+          "the 'NCCL version' line each rank prints with NCCL_DEBUG=INFO (the same on every rank? a release with "
+          "a known bootstrap bug?); python -c 'import torch; print(torch.cuda.nccl.version())' on every node",
+          "the fix of the candidate the versions point at (see the candidates)",
+          candidates=(
+              ("nccl-known-bug", "intermittent, at start-up, with the same NCCL everywhere: a bootstrap bug of that "
+                                 "release (2.19.3: NVIDIA/nccl#1176, fixed by moving to 2.18.6); install another "
+                                 "NCCL release (a torch wheel or container with another NCCL, or LD_PRELOAD one)"),
+              ("nccl-version-mismatch", "the ranks' 'NCCL version' lines differ (nodes with different images or "
+                                        "wheels): install the same NCCL everywhere"),
+              ("port-in-use", "another program connects to the ranks' bootstrap ports (a port scanner, a second job "
+                              "on the same ports): NCCL_DEBUG=INFO's 'Bootstrap : Using' address; keep the job's "
+                              "ports private"))),
+    Cause("nccl-unhandled-cuda", "NCCL's CUDA call failed (unhandled cuda error): one of three causes",
+          (r"ncclUnhandledCudaError", r"unhandled cuda error"),
+          "A CUDA call made inside NCCL failed and NCCL returned ncclUnhandledCudaError. The message is the same "
+          "for several causes: the driver does not fit the CUDA the wheel (or NCCL) was built for; a bug of the "
+          "NCCL release in use (2.18 before 2.18.6 had one: NVIDIA/nccl#1024); or the GPU or the GPUs' "
+          "peer-to-peer path is in a bad state. With NCCL_DEBUG=INFO, NCCL prints the failing call and the CUDA "
+          "error ('Cuda failure N ...') just above.",
+          "rerun with NCCL_DEBUG=INFO: the 'Cuda failure' WARN names the CUDA error; nvidia-smi (driver) against "
+          "python -c 'import torch; print(torch.version.cuda, torch.cuda.nccl.version())'",
+          "the fix of the candidate the CUDA error and the versions point at (see the candidates)",
+          candidates=(
+              ("cuda-driver-mismatch", "'driver version is insufficient', 'initialization error', or nvidia-smi's "
+                                       "CUDA older than torch.version.cuda: update the driver or install a wheel "
+                                       "for the driver's CUDA"),
+              ("nccl-known-bug", "the log's NCCL version is a release with a known bug (2.18.x before 2.18.6: "
+                                 "NVIDIA/nccl#1024): install a torch or NCCL with a fixed release (pip install "
+                                 "nvidia-nccl-cu12 of a newer release, or a newer torch)"),
+              ("gpu-bad-state", "'illegal memory access', 'unspecified launch failure', Xid errors in dmesg, or it "
+                                "passes with NCCL_P2P_DISABLE=1 (a broken peer-to-peer path, common on consumer "
+                                "GPUs and some VMs): reset the GPU, or keep NCCL_P2P_DISABLE=1"))),
+    Cause("state-dict-mismatch", "a checkpoint's keys do not fit the model: one of three causes",
+          (r"Missing key\(s\) in state_dict", r"Unexpected key\(s\) in state_dict"),
+          "load_state_dict found keys the model does not have, or lacks keys it has. The message is the same "
+          "for several causes: the checkpoint was saved from the DDP or DataParallel wrapper (every key starts "
+          "with 'module.'), saved from a torch.compile'd model (keys start with '_orig_mod.'), or it belongs to "
+          "another architecture or configuration.",
+          "the first keys on each side: list(torch.load(path, map_location='cpu'))[:3] against "
+          "list(model.state_dict())[:3]",
+          "the fix of the candidate the keys point at (see the candidates)",
+          candidates=(
+              ("state-dict-module-prefix", "the checkpoint's keys start with 'module.' and the model's do not (or the "
+                                           "other way round): save model.module.state_dict(); strip the prefix "
+                                           "with consume_prefix_in_state_dict_if_present(sd, 'module.')"),
+              ("compiled-state-dict-prefix", "the keys start with '_orig_mod.': the model was torch.compile'd when "
+                                             "saved; save model._orig_mod.state_dict() or strip '_orig_mod.'"),
+              ("checkpoint-model-mismatch", "the names differ beyond a prefix, or 'size mismatch for' lines follow: "
+                                            "another model or config; load the matching config or checkpoint"))),
+    Cause("interactive-env-ddp", "a multi-process strategy started from a notebook (interactive environment)",
+          (r"is not compatible with an interactive environment",),
+          "The trainer was asked (or chose by itself, with devices or accelerator 'auto' on a machine with several "
+          "GPUs) for a strategy that starts processes the way a script does (ddp, ddp_spawn), from Jupyter, "
+          "Colab or an IPython shell: a notebook cannot be re-launched per rank, and spawn cannot pickle what "
+          "the notebook defines.",
+          "the log comes from a notebook; Trainer(...) without strategy, or with strategy='ddp'/'ddp_spawn'",
+          "run the code as a script (torchrun / python train.py), or in the notebook use strategy='ddp_notebook' "
+          "(Lightning 1.7+, a fork-based DDP), or one device (devices=1)"),
+    Cause("multi-device-module-ddp", "DDP given a model spread over several GPUs: one of two causes",
+          # not for a CPU model (the message then ends "module parameters {device(type='cpu')}": cpu-tensor-nccl)
+          (r"device_ids and output_device arguments only work with single-device"
+           r"(?!.{0,400}?module parameters \{device\(type='cpu'\)\})",),
+          "DistributedDataParallel was given device_ids for a model whose parameters are on several GPUs (loaded "
+          "with device_map='auto', or split by hand). Two readings: one process was meant (model parallelism over "
+          "the GPUs) but a launcher started DDP because it saw several GPUs (accelerate or the transformers "
+          "Trainer under accelerate launch, a config with several processes); or one process per GPU was meant "
+          "and each rank's copy should sit on its own GPU.",
+          "how many processes the launcher started (accelerate's 'Num processes', 'Distributed environment'); "
+          "the from_pretrained call's device_map",
+          "the fix of the candidate that fits what was meant (see the candidates)",
+          candidates=(
+              ("accelerate-multi-gpu-one-process", "one process was meant (device_map='auto' over the GPUs): start "
+                                                   "one plain process (python train.py; accelerate config with "
+                                                   "distributed_type NO, or --num_processes 1 on an accelerate "
+                                                   "release that honours it), not a multi-GPU launch"),
+              ("quantized-device-map", "a process per GPU was meant: load each rank's copy on its own GPU "
+                                       "(device_map={'': local_rank}) instead of device_map='auto'"))),
+    Cause("uneven-inputs", "the ranks ran out of data at different steps (uneven inputs)",
+          (r"Detected at least one rank that exhausted inputs",),
+          "The ranks did not get the same number of batches (an IterableDataset or a sampler that does not split "
+          "the data evenly, a dataset filtered per rank, a last batch dropped on some ranks only): the rank with "
+          "fewer stops issuing DDP's collectives while the others wait in theirs, until the timeout (or DDP's "
+          "join() with throw_on_early_termination raises).",
+          "print len(dataloader) (or count the batches) on every rank; ddpdoctor check --only sampler",
+          "give every rank the same number of batches (DistributedSampler with drop_last=True; for an "
+          "IterableDataset split the shards evenly and stop all ranks at the shortest), or wrap the loop in "
+          "DDP's join context manager: with model.join(): (torch.distributed.algorithms.Join)"),
+    Cause("gloo-recv-timeout", "a gloo collective waited past its timeout for a peer's data",
+          (r"Timed out waiting \d{1,18}ms for (?:recv|send) operation to complete",),
+          "A gloo collective (all_reduce, broadcast, barrier on a gloo process group, CPU training) waited for "
+          "a peer's data longer than the process group timeout (30 minutes by default). The peer is somewhere "
+          "else: busy with work of its own, out of data while this rank still has batches, or gone (an error, "
+          "a kill by the host's OOM killer).",
+          "the other ranks' last lines (a progress line, an error, nothing at all); len(dataloader) on every rank; "
+          "dmesg -T | grep -i -e oom -e killed on the nodes",
+          "the fix of the candidate the other ranks' lines point at (see the candidates)",
+          candidates=(
+              ("slow-rank-timeout", "a rank was busy in work of its own (evaluation, saving, preprocessing) as long "
+                                    "as the timeout: raise timeout= in init_process_group or move the work"),
+              ("uneven-inputs", "the ranks have different numbers of batches (an IterableDataset, an uneven "
+                                "split): the rank with fewer stopped first; equal batches or DDP's join()"),
+              ("peer-closed", "a rank died first (its error, or no line at all from it: an OOM kill leaves none; "
+                              "dmesg shows it): fix that rank"))),
+    Cause("lightning-device-index-bug", "Lightning used a GPU's physical number where CUDA renumbers them",
+          (),
+          "CUDA_VISIBLE_DEVICES (or Lightning's gpus='6,7') made the GPUs listed visible as cuda:0, cuda:1, ...; "
+          "Lightning's DDP of that time passed the physical number (6) to torch.cuda.set_device, which asks for a "
+          "device that does not exist in the renumbered list: invalid device ordinal. A Lightning bug "
+          "(Lightning-AI/pytorch-lightning#1540, #2407, fixed by PR #2739), not too many processes.",
+          "the log's visible GPUs (VISIBLE GPUS / CUDA_VISIBLE_DEVICES) do not start at 0, and the traceback goes "
+          "through pytorch_lightning; pip show pytorch-lightning",
+          "upgrade Lightning; meanwhile select GPUs by count (gpus=2) after exporting CUDA_VISIBLE_DEVICES=6,7, "
+          "rather than naming the physical ids to Lightning"),
+    # explain6, after dev5 was scored (tests/data/explain_realworld/dev5): its classes.
+    Cause("fsdp-mixed-requires-grad", "one FSDP unit mixes frozen and trainable parameters",
+          (r"FlatParameter`? requires uniform `?requires_grad",
+           r"Must flatten tensors with uniform `?requires_grad"),
+          "FSDP (with use_orig_params=False) flattens the parameters of each wrapped unit into one FlatParameter, "
+          "which has one requires_grad; this unit holds frozen and trainable parameters together (LoRA/PEFT adapters "
+          "on a frozen base, a frozen encoder inside a trained block, layers frozen before wrapping).",
+          "{p.requires_grad for p in unit.parameters()} for each unit the auto-wrap policy makes",
+          "pass use_orig_params=True (torch 2.1+; accelerate: fsdp_use_orig_params: true), or wrap the frozen and "
+          "the trainable parameters in separate FSDP units (an auto-wrap policy that wraps the trainable layers on "
+          "their own), or freeze parameters after wrapping"),
+    Cause("spawn-main-guard", "a new process started while the main module was still being imported (spawn)",
+          (r"An attempt has been made to start a new process before the",),
+          "Under the spawn start method (the default on Windows and macOS; mp.spawn, DataLoader workers with "
+          "num_workers > 0, accelerate's notebook launcher) every child process re-imports the main script. Code "
+          "at module level that starts processes (the training loop, iterating a DataLoader) runs again in the child "
+          "before the child has finished starting, and multiprocessing refuses.",
+          "the script starts training or iterates a DataLoader at module level, with no if __name__ == '__main__': guard",
+          "put the entry point under if __name__ == '__main__': (define main() and call it there); num_workers=0 "
+          "avoids the child processes as a stopgap"),
+    Cause("module-attribute-unwrapped", "'.module' reached on a model that is not wrapped (DDP/DataParallel)",
+          (r"'(?!\w{0,60}DataParallel')(?P<cls>\w{1,100})' object has no attribute 'module'",),
+          "The code reaches the model through .module, which only the DataParallel/DistributedDataParallel wrapper "
+          "has; here the model ('{cls}') is not wrapped: a script written for multi-GPU training run on one GPU or "
+          "without its launcher (the wrapping is skipped), or a copy of the model (EMA, a loaded checkpoint) that "
+          "was never wrapped.",
+          "where the model is wrapped: the condition (GPU count, --launcher, distributed flag) that skips the wrapping",
+          "unwrap only when wrapped: m = model.module if hasattr(model, 'module') else model; or keep the wrapper on "
+          "one GPU as the project expects (DataParallel works with one GPU), or run with the launcher it expects"),
+    Cause("autograd-inplace", "a tensor autograd saved was modified in place: DDP's buffer broadcast, or the model's own code",
+          (r"one of the variables needed for gradient computation has been modified by an inplace operation",),
+          "Backward needs a tensor that was changed in place after the forward that used it. Under "
+          "DistributedDataParallel this is usually DDP itself: with broadcast_buffers=True (the default) every "
+          "forward copies rank 0's buffers (BatchNorm running statistics, registered masks or position ids) into "
+          "place, so a second forward before backward (GAN discriminator and generator passes, two views, an EMA "
+          "or evaluation pass) or a buffer the model updates in place invalidates what the first forward saved. "
+          "Outside DDP it is an in-place operation in the model (ReLU(inplace=True), +=, indexing assignment).",
+          "does it fail in a single process too? the tensor the message names ([torch.cuda.FloatTensor [N]] "
+          "is at version k): a buffer or an activation; torch.autograd.set_detect_anomaly(True) names the op",
+          "the fix of the candidate the checks point at (see the candidates)",
+          candidates=(
+              ("ddp-broadcast-buffers", "it works in a single process and fails under DDP, the model has buffers "
+                                        "(BatchNorm, register_buffer) and calls forward more than once per backward: "
+                                        "DistributedDataParallel(..., broadcast_buffers=False), or SyncBatchNorm, or "
+                                        "one forward per backward"),
+              ("inplace-op-in-model", "it fails in a single process too: anomaly detection names an in-place op in "
+                                      "the model (ReLU(inplace=True), x += y, x[idx] = ...); make it out of place "
+                                      "(x = x + y) or clone() the tensor first"))),
+    Cause("nccl-graph-mismatch", "the ranks computed different NCCL rings or trees",
+          (r"NCCL WARN Error : (?:ring|tree) \d{1,9} does not loop back to start",),
+          "NCCL's topology search on each rank produced a ring (or tree) that does not close: the ranks disagree on "
+          "the graph. With the same NCCL and settings everywhere that is NCCL itself (a release's bug, such as the "
+          "uninitialized PCI link speeds of 2.19); otherwise the ranks run different NCCL versions or NCCL_* "
+          "settings, or see different topologies (containers or VMs that hide /sys).",
+          "the 'NCCL version' line and the NCCL_* variables on every rank (NCCL_DEBUG=INFO); "
+          "NCCL_DEBUG_SUBSYS=GRAPH,INIT and NCCL_TOPO_DUMP_FILE on two nodes to compare",
+          "the fix of the candidate the versions and settings point at (see the candidates)",
+          candidates=(
+              ("nccl-known-bug", "the same NCCL release and settings on every rank: a bug of that release (2.19.x: "
+                                 "fixed in 2.20, NVIDIA/nccl#1020); install another NCCL release"),
+              ("nccl-version-mismatch", "the ranks' NCCL versions or NCCL_* settings (NCCL_ALGO, NCCL_HOSTID, "
+                                        "NCCL_TOPO_FILE) differ: make them identical"),
+              ("nccl-topology-hidden", "containers or VMs where NCCL cannot read the PCI topology (/sys): mount "
+                                       "/sys or give NCCL_TOPO_FILE"))),
+    Cause("cuda-init-error", "CUDA initialization error: a forked process, or the driver",
+          (r"CUDA error: initialization error",
+           r"[Cc]uda (?:runtime )?error \(3\) ?: initialization error"),
+          "CUDA could not be initialized in this process. The message is the same for several causes: a process "
+          "forked after the parent used CUDA (DataLoader workers with num_workers > 0 whose dataset, collate_fn or "
+          "a CUDA default tensor type touches the GPU) cannot initialize CUDA again; or the NVIDIA driver is missing, "
+          "broken or was updated without a reboot.",
+          "the traceback: a DataLoader worker (worker.py, _worker_loop) or a forked Process means the fork; the main "
+          "process at its first CUDA call means the driver (nvidia-smi)",
+          "the fix of the candidate the traceback points at (see the candidates)",
+          candidates=(
+              ("cuda-fork", "the error comes from a DataLoader worker or another forked process: keep CUDA out of the "
+                            "dataset, collate_fn and default tensor type (move batches to the GPU in the training loop), "
+                            "or start workers with spawn (multiprocessing_context='spawn')"),
+              ("cuda-driver-mismatch", "the main process fails at its first CUDA call: nvidia-smi fails or shows a "
+                                       "driver older than torch.version.cuda, or the driver was just updated: "
+                                       "reinstall the driver or reboot"),
+              ("cuda-unavailable", "in a container or job without the GPU devices (docker --gpus, the scheduler's GPU "
+                                   "request): torch.cuda.is_available() is False there"))),
+    Cause("cuda-unavailable", "NCCL asked for, but this process sees no GPU",
+          (r"ProcessGroupNCCL is only supported with GPUs, no GPUs found",),
+          "backend='nccl' was requested in a process where torch sees no CUDA device (torch.cuda.device_count() is "
+          "0): a CPU-only torch build, an NVIDIA driver that is missing or does not fit the build, "
+          "CUDA_VISIBLE_DEVICES set to nothing or to GPUs that do not exist, or a container or job started without "
+          "its GPUs.",
+          "python -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available())'; "
+          "nvidia-smi; echo $CUDA_VISIBLE_DEVICES",
+          "install a CUDA build of torch that fits the driver (torch.version.cuda must not be None), make the GPUs "
+          "visible (CUDA_VISIBLE_DEVICES, docker --gpus all, the scheduler's GPU request), or use backend='gloo' on "
+          "a machine without GPUs"),
+    # explain6, after dev5's late threads were scored: file descriptors passed between processes, barrier's guessed
+    # GPU, NCCL's internal error.
+    Cause("fd-sharing-limit", "DataLoader workers ran out of file descriptors passing tensors (file_descriptor sharing)",
+          (r"received \d{1,9} items of ancdata", r"received %d items of ancdata"),
+          "torch.multiprocessing passes each tensor a DataLoader worker returns as an open file descriptor (the "
+          "default file_descriptor sharing strategy on Linux); with many workers, large prefetching or tensors kept "
+          "alive, the process hits its open-files limit (ulimit -n) and the descriptor cannot be received.",
+          "ulimit -n inside the job; ls /proc/<pid>/fd | wc -l while it runs; whether fewer workers make it go away",
+          "torch.multiprocessing.set_sharing_strategy('file_system') at the top of the script (and in each worker "
+          "via worker_init_fn if needed), or raise ulimit -n, or use fewer DataLoader workers"),
+    Cause("too-many-open-files", "a process hit its open-files limit (Errno 24): one of two causes",
+          (r"\[Errno 24\] Too many open files",),
+          "The process reached its limit of open file descriptors (ulimit -n). In training jobs that is most often "
+          "DataLoader workers passing tensors as descriptors (torch.multiprocessing's file_descriptor strategy); "
+          "otherwise the process's own files and sockets (many ranks' connections, open dataset files) outgrew a "
+          "low limit.",
+          "ulimit -n inside the job; ls /proc/<pid>/fd | wc -l; the traceback's frames (multiprocessing's "
+          "resource_sharer or torch/multiprocessing/reductions.py: the DataLoader's descriptors)",
+          "the fix of the candidate the traceback points at (see the candidates)",
+          candidates=(
+              ("fd-sharing-limit", "multiprocessing's resource_sharer, reduction or torch/multiprocessing/reductions.py "
+                                   "in the traceback, or DataLoader workers: "
+                                   "torch.multiprocessing.set_sharing_strategy('file_system'), fewer workers, or a "
+                                   "higher ulimit -n"),
+              ("fd-limit-low", "no DataLoader in the traceback: the process's own files or sockets outgrew ulimit -n; "
+                               "raise it (ulimit -n 65535, LimitNOFILE for a service, the container's nofile) or "
+                               "close what is left open"))),
+    Cause("barrier-device-unknown", "NCCL's barrier guessed which GPU to use (the rank's device was never given)",
+          (r"to perform barrier as devices used by this process are currently unknown",),
+          "ProcessGroupNCCL had to pick a GPU for barrier() on its own (global rank modulo the GPU count) because the "
+          "process had not told it its device: no device_id= to init_process_group, no barrier(device_ids=...), "
+          "and no collective before. When the guess is not the GPU the rank uses (CUDA_VISIBLE_DEVICES, "
+          "torch.cuda.set_device called later or not at all, ranks of several nodes), two ranks end up on one GPU "
+          "or on different GPUs than their communicators: the barrier hangs or NCCL fails. Alone it is a warning: "
+          "it is the cause when the job then hung at a barrier or failed with an NCCL error.",
+          "the rank-to-GPU mapping: print(rank, local_rank, torch.cuda.current_device()) before the barrier",
+          "call torch.cuda.set_device(local_rank) before init_process_group and pass "
+          "device_id=torch.device('cuda', local_rank) to init_process_group (torch 2.3 and later), or "
+          "dist.barrier(device_ids=[local_rank])"),
+    Cause("nccl-internal-error", "NCCL's internal error: one of three causes",
+          (r"NCCL error:? internal error", r"ncclInternalError", r"internal error - please report this issue to the "
+                                                                 r"NCCL developers"),
+          "NCCL reported an internal check that failed (ncclInternalError). The message names no cause of its own: "
+          "a bug of the NCCL release, a topology NCCL was given that it cannot use (a malformed or mismatched "
+          "NCCL_TOPO_FILE, such as a cloud image's topology XML), or ranks running different NCCL releases.",
+          "rerun with NCCL_DEBUG=INFO (NCCL_DEBUG=WARN shows the failing check; with NCCL 2.18 the first WARN line is "
+          "the real error); echo $NCCL_TOPO_FILE; torch.cuda.nccl.version() on every node",
+          "the fix of the candidate the NCCL_DEBUG lines point at (see the candidates)",
+          candidates=(
+              ("nccl-known-bug", "the WARN before it is about NCCL's own state, the same on every rank: a bug of the "
+                                 "release; try another NCCL (a newer nvidia-nccl-cu12, or torch's own)"),
+              ("nccl-topo-file-invalid", "NCCL_TOPO_FILE (or a cloud image's topology XML, aws-ofi-nccl's) is set: "
+                                         "NCCL_DEBUG=INFO names an attribute it cannot find ('Attribute arch of node "
+                                         "cpu not found'); unset it or fix the file"),
+              ("nccl-version-mismatch", "ranks or nodes load different NCCL releases: torch.cuda.nccl.version() on "
+                                        "every node"))),
+    # --- end of explain6's block
     Cause("nccl-message-truncated", "NCCL received more bytes than the receiving rank expected",
           (r"NCCL WARN (?:NET/Socket : )?[Mm]essage truncated",),
           "A peer sent more data than this rank posted for the same operation: the ranks disagree on a "
@@ -321,7 +594,7 @@ CAUSES: tuple = (
           "keep one NCCL, the one this torch wheel requires: uninstall the extra nvidia-nccl package or drop "
           "the other libnccl from LD_LIBRARY_PATH (pip install --force-reinstall torch restores its own)"),
     Cause("nccl-not-built", "this PyTorch has no NCCL (Windows, macOS or CPU build)",
-          (r"Distributed package doesn't have NCCL built in",),
+          (r"Distributed package doesn't have NCCL (?:\" \")?built in",),
           "backend='nccl' was requested from a PyTorch without NCCL: every Windows and macOS build, and CPU "
           "builds on Linux. It is not a missing install step.",
           "python -c 'import torch.distributed as d; print(d.is_nccl_available())'",
@@ -601,7 +874,8 @@ CAUSES: tuple = (
                                         "the config) in a single process: use BatchNorm there"))),
 
     Cause("port-in-use", "address already in use: the launcher's port, or one the program sets itself",
-          (r"EADDRINUSE", r"[Aa]ddress already in use"),
+          (r"EADDRINUSE", r"[Aa]ddress already in use",
+           r"another process is utilizing it"),  # explain6: accelerate launch's own check of the port
           "The port the job's store listens on is held by another process: a previous run that did not exit, "
           "a second job on the node, another user. Two places choose that port and print the same line: the "
           "launcher (MASTER_PORT, --master-port, 29500 by default; torchrun's agent, accelerate, deepspeed) or "
@@ -741,7 +1015,8 @@ CAUSES: tuple = (
           "list as many GPUs as local ranks"),
     Cause("ddp-unused-parameters", "DDP unused parameters",
           (r"Expected to have finished reduction in the prior iteration",
-           r"did not receive grad for rank \d+"),
+           r"did not receive grad for rank \d+",
+           r"LightningModule has parameters that were not used in producing the loss"),  # explain6: Lightning's wording
           "Some parameters got no gradient in the last iteration (a branch not taken, a frozen head, an "
           "output not used in the loss), so DDP's reduction never finished.",
           "ddpdoctor check --only param-sync (names unused parameters), or rerun with "
@@ -869,15 +1144,6 @@ CAUSES: tuple = (
           "change the config (accelerate config) or your call as the message asks"),
     # --- cppmine (issue 25): torch's C++ (c10d) messages with a known cause, from the mined templates
     # (tests/data/emitters, emitter torch-cpp). Kept together; the families by source file are the last block.
-    Cause("nccl-no-gpu", "the NCCL backend in a process that sees no GPU",
-          (r"ProcessGroupNCCL is only supported with GPUs, no GPUs found",),
-          "init_process_group(backend='nccl') ran in a process where CUDA reports no device: a machine or "
-          "container without GPUs (docker run without --gpus), CUDA_VISIBLE_DEVICES set empty (or to ids that "
-          "do not exist) for this rank, or a driver that does not load. NCCL only runs on GPUs.",
-          "python -c 'import torch; print(torch.cuda.is_available(), torch.cuda.device_count())' in the rank's "
-          "environment; echo $CUDA_VISIBLE_DEVICES; nvidia-smi",
-          "on a machine without GPUs use backend='gloo'; otherwise expose the GPUs to the process (docker "
-          "--gpus all, a CUDA_VISIBLE_DEVICES that lists real ids) and check the driver with nvidia-smi"),
     Cause("collective-noncontiguous", "a non-contiguous tensor given to a collective or send/recv",
           (r"Tensors must be contiguous", r"input tensor has to be contiguous"),
           "The tensor passed to the collective (or to send/recv) is a view whose memory is not one dense run: "
@@ -1024,7 +1290,15 @@ CAUSES: tuple = (
           "transport/ the data path, misc/ helpers). Alone it may be harmless; before a failure it is "
           "usually the first sign of it.",
           "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=ALL (the lines before the WARN); NCCL_TOPO_DUMP_FILE for graph/ warnings",
-          "act on the message; if it is a topology warning in a container, give NCCL /sys (or NCCL_TOPO_FILE)"),
+          "act on the message; if it is a topology warning in a container, give NCCL /sys (or NCCL_TOPO_FILE)",
+          # explain6: a WARN no entry reads is a family, never one confident cause (dev5's 511 was named as one)
+          candidates=(("nccl-known-bug", "the message is about NCCL's own state (graph/, misc/, enqueue), the same on "
+                                         "every rank's setup: a bug of the NCCL release; search NVIDIA/nccl's issues "
+                                         "for the message and try a newer NCCL (torch.cuda.nccl.version())"),
+                      ("nccl-topology-hidden", "a graph/ or topology warning in a container or VM: NCCL could not "
+                                               "read the PCI/NVLink topology; mount /sys or set NCCL_TOPO_FILE"),
+                      ("nccl-version-mismatch", "ranks or nodes load different NCCL releases: "
+                                                "torch.cuda.nccl.version() on every node"))),
     Cause("gloo-enforce", "gloo refused a call or lost a connection",
           (r"\[(?:enforce fail at )?[^\s\[\]]{0,300}gloo/[^\s\[\]]{0,200}:\d{1,9}\]",),
           "gloo checked something and it did not hold (the message after the file names it): in "
@@ -1033,7 +1307,15 @@ CAUSES: tuple = (
           "transport/tcp: the other ranks' errors and GLOO_SOCKET_IFNAME; otherwise TORCH_DISTRIBUTED_DEBUG=DETAIL "
           "(the shapes each rank passed)",
           "give every rank the same collective arguments; for connection errors, fix the rank that exited first "
-          "or the interface (GLOO_SOCKET_IFNAME)"),
+          "or the interface (GLOO_SOCKET_IFNAME)",
+          # explain6: by the file gloo names (evidence ranks transport/ first), never one confident cause
+          candidates=(("gloo-size-mismatch", "the file is not transport/: the ranks passed different sizes or "
+                                             "counts to the same collective (TORCH_DISTRIBUTED_DEBUG=DETAIL)"),
+                      ("peer-closed", "transport/tcp (a connection closed, reset or refused): another rank exited "
+                                      "first; its own error is the cause"),
+                      ("gloo-connect-full-mesh", "transport/tcp at start-up on several nodes: gloo picked an "
+                                                 "interface or host address the peers cannot reach; "
+                                                 "GLOO_SOCKET_IFNAME"))),
     # --- cppmine (issue 25): the rest of torch's C++ (c10d) messages, by the source file c10d names: the
     # exception's "Exception raised from FUNC at .../c10d/FILE:LINE (most recent call first)" line, or the
     # "[E... FILE:LINE]" / "[W... FILE:LINE]" line of a LOG/TORCH_WARN. Families, dropped (evidence.AREA)

@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-from ddpdoctor.causes.versions import version_facts
+from ddpdoctor.causes.versions import known_nccl_bug, version_facts
 from ddpdoctor.system.redact import shorten
 from ddpdoctor.system.stackframes import is_user, shown_path
 
@@ -34,10 +34,12 @@ __all__ = ["AREA", "DERIVED", "Evidence", "gather", "gather_more", "refine"]
 
 # Causes with no line pattern of their own: only this pass finds them, from the evidence around another match.
 DERIVED = ("slow-rank-timeout", "ddp-unused-already-on", "torch-distributed-error",
-           "accelerate-error")
+           "accelerate-error", "lightning-device-index-bug")
 # Families by the source file an NCCL WARN or a gloo enforce names (catalogue's last entries).
 AREA = ("nccl-warn-ib", "nccl-warn-network", "nccl-warn-cuda", "nccl-warn", "gloo-enforce", "torch-distributed-error",
-        "accelerate-error")
+        "accelerate-error",
+        # explain6: a warning that is the cause only when nothing else is, and NCCL's internal error (no cause named)
+        "barrier-device-unknown", "nccl-internal-error")
 AREA += ("torch-reducer-error", "torch-store-error", "torch-nccl-pg-error", "torch-gloo-pg-error",  # cppmine
          "torch-c10d-error", "torch-c10d-warning")
 # Where a Python exception was raised, by the last frame above it: the area family it belongs to.
@@ -137,6 +139,12 @@ _SIGNAL_FAMILIES = {
                 ("nccl-p2p-shm", "NCCL's GPU peer-to-peer or shared-memory transport on this machine: it passes "
                                  "with NCCL_P2P_DISABLE=1 (then NCCL_SHM_DISABLE=1)")),
 }
+# explain6: a timeout's uneven inputs; the GPUs' physical numbers a job made visible; a checkpoint's key prefixes.
+_UNEVEN_SIGN = re.compile(r"IterableDataset|[Uu]neven (?:inputs|data|batch|number|dataset|shard)|"
+                          r"different numbers? of (?:batches|samples|steps|iterations)")
+_VISIBLE_IDS = re.compile(r"(?:CUDA_VISIBLE_DEVICES=|VISIBLE GPUS: )['\"]?(\d{1,3}(?:, ?\d{1,3}){0,63})(?!\d)")
+_LIGHTNING_SIGN = re.compile(r"pytorch_lightning|lightning[./:]|INFO:lightning")
+_TIMEOUTS = ("nccl-watchdog-timeout", "store-timeout", "gloo-recv-timeout")
 _IFACE_NAME = re.compile(r"(?:eth|en|eno|ens|enp|ib|bond|lo|wl|br|docker|veth|team|hsn|mlx)\w*")
 
 
@@ -192,6 +200,12 @@ class Evidence:
     save_sign: str = ""       # the pickling was a save or a copy (torch.save, copy.deepcopy)
     checkpointing: str = ""   # activation checkpointing in the traceback or config
     extension: str = ""       # a compiled extension in the traceback
+    uneven_sign: str = ""     # explain6: a line showing the ranks' data may be uneven (an IterableDataset)
+    visible_ids: tuple = ()   # the GPUs' physical numbers the job made visible (CUDA_VISIBLE_DEVICES=6,7)
+    lightning_sign: str = ""  # Lightning in the log
+    module_keys: str = ""     # a checkpoint key starting with 'module.'
+    compiled_keys: str = ""   # a checkpoint key starting with '_orig_mod.'
+    size_mismatch: str = ""   # load_state_dict's 'size mismatch for'
 
 
 def gather(lines: Sequence[str]) -> Evidence:
@@ -217,7 +231,9 @@ def gather(lines: Sequence[str]) -> Evidence:
             if m:
                 ev.visible_gpus = len([d for d in m.group(1).split(",") if d])
         if "find_unused_parameters" in line:
-            if "keyword argument" not in line and "`find_unused" not in line and _FIND_UNUSED_ON.search(line):
+            if ("keyword argument" not in line and "`find_unused" not in line
+                    and "strategy=DDPStrategy(find_unused" not in line  # Lightning's advice (explain6)
+                    and _FIND_UNUSED_ON.search(line)):
                 ev.find_unused_on = ev.find_unused_on or line.strip()[:_KEPT]
             elif not ev.find_unused_on and "Since `find_unused_parameters=True` is enabled" in line:
                 # the reducer's newer wording says the setting is on: keep the words that say so
@@ -314,6 +330,22 @@ def gather(lines: Sequence[str]) -> Evidence:
             m = _MEM_LINE.search(line)
             if m:
                 ev.host_mem_pct = float(m.group(1))
+        if not ev.uneven_sign and ("terable" in line or "neven" in line or "different number" in line) \
+                and _UNEVEN_SIGN.search(line):
+            ev.uneven_sign = line.strip()[:_KEPT]
+        if not ev.visible_ids and "VISIBLE" in line:
+            m = _VISIBLE_IDS.search(line)
+            if m:
+                ev.visible_ids = tuple(int(d) for d in m.group(1).replace(" ", "").split(","))
+        if not ev.lightning_sign and "ightning" in line and _LIGHTNING_SIGN.search(line):
+            ev.lightning_sign = line.strip()[:_KEPT]
+        if "module." in line or "_orig_mod." in line or "size mismatch for" in line:
+            if not ev.module_keys and ('"module.' in line or "'module." in line) and 'File "' not in line:
+                ev.module_keys = line.strip()[:_KEPT]
+            if not ev.compiled_keys and "_orig_mod." in line:
+                ev.compiled_keys = line.strip()[:_KEPT]
+            if not ev.size_mismatch and "size mismatch for" in line:
+                ev.size_mismatch = line.strip()[:_KEPT]
     return ev
 
 
@@ -388,12 +420,20 @@ SUBSUMED_BY = {
                            "socket-ifname-missing", "slurm-tasks-mismatch", "nccl-remote-error", "nccl-ib-network"),
     "pickle-error": ("spawn-pickle",),
     "peer-closed": ("nccl-remote-error", "nccl-ib-network", "nccl-wrong-interface"),
-    "store-timeout": ("slow-rank-timeout",),
-    "nccl-watchdog-timeout": ("slow-rank-timeout",),
+    "store-timeout": ("slow-rank-timeout", "uneven-inputs"),
+    "nccl-watchdog-timeout": ("slow-rank-timeout", "uneven-inputs"),
     "no-default-process-group": ("syncbn-single-process",),
     "ddp-unused-parameters": ("ddp-unused-already-on",),
     "duplicate-gpu": ("more-ranks-than-gpus",),
     "cuda-devices-busy": ("cuda-driver-mismatch",),
+    # explain6
+    "gloo-recv-timeout": ("slow-rank-timeout", "uneven-inputs"),
+    "nccl-unhandled-cuda": ("cuda-driver-mismatch", "cuda-arch-unsupported", "nccl-library-mismatch", "nvls-fabric-manager",
+                            "nccl-not-built"),
+    "state-dict-mismatch": ("state-dict-module-prefix",),
+    "more-ranks-than-gpus": ("lightning-device-index-bug",),
+    "too-many-open-files": ("fd-sharing-limit",),
+    "nccl-internal-error": ("nccl-warn-ib", "nccl-warn-network", "nccl-warn-cuda", "nccl-warn"),
 }
 # cppmine: gloo's loopback fallback is the warning before the connection failure that explains it (and fixes it alike)
 SUBSUMED_BY["gloo-hostname-unresolved"] = ("gloo-connect-full-mesh",)
@@ -455,6 +495,88 @@ def _rank_first(found: dict, family: str, cid: str, line: str) -> None:
             m.extra = f"{m.extra} {why}".strip()
 
 
+def _read_explain6(lines: Sequence[str], found: dict, ev: Evidence, add: Callable, note: Callable, crashed: list,
+                   too_many: bool) -> None:
+    """explain6's readings: a known bug of the NCCL release the log prints, uneven inputs behind a timeout, a GPU's
+    physical number used where CUDA renumbers them, and which prefix a checkpoint's keys carry."""
+    # A known bug of the NCCL release the log prints: said as a fact, and that candidate goes first (the family stays
+    # a family: the table names releases, not this job's failure).
+    for family in ("nccl-bootstrap-truncated", "nccl-unhandled-cuda", "nccl-graph-mismatch"):
+        if family in found:
+            fact = known_nccl_bug(lines, family)
+            if fact:
+                _rank_first(found, family, "nccl-known-bug", fact)
+                note(family, fact)
+    if "nccl-unhandled-cuda" in found and ev.driver_sign:
+        _rank_first(found, "nccl-unhandled-cuda", "cuda-driver-mismatch", ev.driver_sign)
+    # A timeout in a job whose ranks may hold different numbers of batches (an IterableDataset): uneven inputs
+    # first, with the two other readings of a timeout; a long task's progress line (slow-rank-timeout) wins.
+    timed_out = [c for c in _TIMEOUTS if c in found]
+    if timed_out and ev.uneven_sign and "slow-rank-timeout" not in found and "uneven-inputs" not in found:
+        m = found[timed_out[0]]
+        how = ("the log shows data that may split unevenly across ranks ('" + shorten(ev.uneven_sign, 80) + "'): the "
+               "rank with fewer batches stopped issuing collectives; give every rank the same number of batches, or "
+               "DDP's join() (with model.join():)")
+        m.ranked = [("uneven-inputs", how)] + [c for c in m.cause.candidates if c[0] in ("slow-rank-timeout",
+                                                                                         "peer-closed")][:2]
+        note(timed_out[0], f"This log points at uneven-inputs: '{shorten(ev.uneven_sign, 100)}'.")
+    if "gloo-recv-timeout" in found and crashed:
+        _rank_first(found, "gloo-recv-timeout", "peer-closed", f"a rank died by {crashed[0]}")
+    # "invalid device ordinal" while the job made GPUs visible by physical numbers that do not start at 0: the
+    # device was picked by its physical number; with Lightning in the log, Lightning's own bug of that kind.
+    ids = ev.visible_ids
+    renumbered = bool(ids) and max(ids) >= len(ids)
+    if "more-ranks-than-gpus" in found and renumbered and not too_many:
+        shown = ",".join(str(i) for i in ids)
+        if ev.lightning_sign and add("lightning-device-index-bug", like="more-ranks-than-gpus"):
+            found["lightning-device-index-bug"].decided = True
+            note("lightning-device-index-bug", f"The log makes GPUs {shown} visible (they become cuda:0..{len(ids) - 1}) "
+                                               f"and runs Lightning: '{shorten(ev.lightning_sign, 80)}'.")
+        else:
+            _rank_first(found, "more-ranks-than-gpus", "hard-coded-device",
+                        f"GPUs {shown} visible: inside the job they are cuda:0..{len(ids) - 1}")
+    # A checkpoint's keys: the prefix the log shows decides the family's reading.
+    if "state-dict-mismatch" in found:
+        if ev.module_keys and add("state-dict-module-prefix", like="state-dict-mismatch"):
+            note("state-dict-module-prefix", f"The log shows a key with the prefix: '{shorten(ev.module_keys, 100)}'.")
+        elif ev.compiled_keys:
+            _rank_first(found, "state-dict-mismatch", "compiled-state-dict-prefix", ev.compiled_keys)
+        elif ev.size_mismatch:
+            _rank_first(found, "state-dict-mismatch", "checkpoint-model-mismatch", ev.size_mismatch)
+    # "Too many open files" with multiprocessing's descriptor passing in the traceback: the DataLoader's descriptors.
+    if "too-many-open-files" in found:
+        fd = next((ln.strip() for ln in lines if "resource_sharer" in ln or "multiprocessing/reductions.py" in ln
+                   or "DataLoader worker" in ln or "rebuild_storage_fd" in ln), "")
+        if fd:
+            _rank_first(found, "too-many-open-files", "fd-sharing-limit", fd)
+    # NCCL's internal error with a topology file in the log: the file first.
+    if "nccl-internal-error" in found:
+        topo = next((ln.strip() for ln in lines if "NCCL_TOPO_FILE" in ln or "topo.xml" in ln or "aws-ofi-nccl" in ln),
+                    "")
+        if topo:
+            _rank_first(found, "nccl-internal-error", "nccl-topo-file-invalid", topo)
+    # gloo's enforce from its transport (a connection): a peer's exit goes first, not a size mismatch.
+    if "gloo-enforce" in found and "/transport/" in found["gloo-enforce"].evidence:
+        _rank_first(found, "gloo-enforce", "peer-closed", found["gloo-enforce"].evidence)
+    # CUDA's "initialization error" in a DataLoader worker: CUDA used in a forked worker decides it.
+    if "cuda-init-error" in found:
+        worker = next((ln.strip() for ln in lines if "_worker_loop" in ln or "DataLoader worker process" in ln), "")
+        if worker and add("cuda-fork", like="cuda-init-error"):
+            found.pop("cuda-init-error")
+            note("cuda-fork", f"The error is raised in a DataLoader worker (a forked process): '{shorten(worker, 100)}'.")
+    # An in-place change to a saved tensor under DDP: with broadcast_buffers=False in the log the buffers' broadcast
+    # is ruled out, so the model's own in-place op goes first.
+    if "autograd-inplace" in found:
+        off = next((ln.strip() for ln in lines if "broadcast_buffers=False" in ln or "broadcast_buffers = False" in ln),
+                   "")
+        if off:
+            _rank_first(found, "autograd-inplace", "inplace-op-in-model", f"buffers' broadcast already off: '{off}'")
+    # DDP around a model spread over GPUs: a launcher that started several processes from one config reads as one
+    # process meant; several processes a user asked for (--nproc-per-node above 1) read as a process per GPU.
+    if "multi-device-module-ddp" in found and ev.nproc is not None and ev.nproc > 1:
+        _rank_first(found, "multi-device-module-ddp", "quantized-device-map", f"--nproc-per-node {ev.nproc}")
+
+
 def _fmt_secs(secs: int) -> str:
     return f"{secs // 60} min {secs % 60:02d} s" if secs >= 60 else f"{secs} s"
 
@@ -498,7 +620,7 @@ def refine(lines: Sequence[str], found: dict, by_id: dict, make: Callable) -> Ev
         add("shm-permission", ev.errno13)
 
     # A timeout while one rank's long task was still running.
-    timed_out = [c for c in ("nccl-watchdog-timeout", "store-timeout") if c in found]
+    timed_out = [c for c in _TIMEOUTS if c in found]
     # Long: at least half the timeout when the log gives it, else five minutes; a short validation pass
     # next to a real hang is not the cause.
     long_enough = ev.long_task_s >= (ev.timeout_ms // 2000 if ev.timeout_ms else 300)
@@ -676,6 +798,7 @@ def refine(lines: Sequence[str], found: dict, by_id: dict, make: Callable) -> Ev
             _rank_first(found, "connection-refused", "peer-closed", f"a rank died by {crashed[0]}")
     if "store-timeout" in found and crashed:
         _rank_first(found, "store-timeout", "peer-closed", f"a rank died by {crashed[0]}")
+    _read_explain6(lines, found, ev, add, note, crashed, too_many)
     # The wrapper's device against the model's: all on GPU 0 while the wrapper has the rank's GPU is the model put on
     # one fixed GPU; a GPU 0 wrapper with a parameter elsewhere is a model spread over GPUs (the default order).
     if "module-device-mismatch" in found:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 from typing import Optional, Sequence
 
-__all__ = ["NCCL_BF16", "TORCH_BUNDLED_NCCL", "CUDA_FOR_ARCH", "versions_in", "version_facts"]
+__all__ = ["NCCL_BF16", "NCCL_KNOWN_BUGS", "TORCH_BUNDLED_NCCL", "CUDA_FOR_ARCH", "versions_in", "version_facts",
+           "known_nccl_bug"]
 
 NCCL_BF16 = (2, 10, 3)
 """The first NCCL with bfloat16 (NVIDIA/nccl#476: 'NCCL 2.10.3 is now released with bfloat16 support')."""
@@ -22,6 +23,26 @@ TORCH_BUNDLED_NCCL = {"1.13": "2.14.3", "2.0": "2.14.3", "2.1": "2.18.1", "2.2":
 CUDA_FOR_ARCH = {"sm_80": "11.0", "sm_86": "11.1", "sm_89": "11.8", "sm_90": "11.8", "sm_100": "12.8",
                  "sm_120": "12.8"}
 """The first CUDA toolkit that compiles for each GPU architecture (a torch wheel needs that CUDA or newer)."""
+
+# explain6: NCCL releases with a known bug, each with its source (an NVIDIA/nccl thread where a maintainer or the
+# reporter settled it): (first affected, end, the families it shows up as, the fact, the source). Only releases the
+# source names are claimed: ``first`` is the earliest it names as failing (not a guess at when the bug began) and
+# ``end`` the release that fixed it where the source names one, else the next release after the one it names.
+NCCL_KNOWN_BUGS = (
+    ((2, 19, 3), (2, 19, 4), ("nccl-bootstrap-truncated",),
+     "NCCL 2.19.3 fails intermittently at communicator creation with bootstrap.cc 'Message truncated : received "
+     "256 bytes instead of 4' (PyTorch NGC 23.12); the reporter's fix was NCCL 2.18.6",
+     "NVIDIA/nccl#1176"),
+    ((2, 18, 1), (2, 18, 6), ("nccl-unhandled-cuda",),
+     "NCCL 2.18 before 2.18.6 has a bug that ends in ncclUnhandledCudaError ('Call to CUDA function failed'), "
+     "fixed in 2.18.6 (commit 4365458; torch 2.1's wheels bring 2.18.1)",
+     "NVIDIA/nccl#1024"),
+    ((2, 19, 3), (2, 20, 0), ("nccl-graph-mismatch",),
+     "NCCL 2.19 left PCI link speeds uninitialized, so ranks could compute different rings or trees (graph/rings.cc "
+     "'does not loop back to start'); fixed in NCCL 2.20",
+     "NVIDIA/nccl#1020"),
+)
+"""Known NCCL release bugs, read against the 'NCCL version' a log prints."""
 
 _NCCL = re.compile(r"NCCL version (\d+)\.(\d+)\.(\d+)")
 _TORCH = re.compile(r"(?:\btorch==|PyTorch version:? |\btorch version:? |\btorch )(\d+)\.(\d+)\.(\d+)", re.I)
@@ -59,3 +80,15 @@ def version_facts(lines: Sequence[str]) -> list:
             facts.append(f"torch {_dotted(torch)}'s wheels bring NCCL {bundled}, but the log shows NCCL {_dotted(nccl)}: "
                          "another NCCL is loaded (a container's, LD_LIBRARY_PATH, a second nvidia-nccl wheel).")
     return facts
+
+
+def known_nccl_bug(lines: Sequence[str], family: str) -> str:
+    """The sourced fact about a known bug of the NCCL release ``lines`` print, for a failure read as ``family``
+    (``""``: no version printed, or no known bug of that release shows up that way)."""
+    nccl = versions_in(lines).get("nccl")
+    if not nccl:
+        return ""
+    for first, end, families, fact, source in NCCL_KNOWN_BUGS:
+        if family in families and first <= nccl < end:
+            return f"The log shows NCCL {_dotted(nccl)}: {fact} ({source})."
+    return ""
