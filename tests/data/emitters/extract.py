@@ -153,27 +153,8 @@ def _balanced(text: str, start: int) -> str:
 
 
 def _split_args(args: str) -> list:
-    parts, depth, cur, i = [], 0, [], 0
-    while i < len(args):
-        ch = args[i]
-        if ch == '"':
-            m = re.compile(_C_STRING).match(args, i)
-            if m:
-                cur.append(m.group())
-                i = m.end()
-                continue
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-        i += 1
-    parts.append("".join(cur))
-    return [p.strip() for p in parts]
+    """A call's arguments: ``args`` split on its top-level commas."""
+    return _top_split(args, ",")
 
 
 def _c_template(args: list, printf: bool) -> str | None:
