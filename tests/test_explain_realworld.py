@@ -88,10 +88,12 @@ def test_the_first_held_out_half_names_no_wrong_cause():
 SECOND = score.load_cases(os.path.join(os.path.dirname(score.__file__), "heldout2"))
 
 
-def _assert_new_set(cases: list, earlier: list, added: str, loopback_ok: bool) -> None:
-    """At least 25 real logs, one per thread, none from a thread of the ``earlier`` sets or of the older corpus, each
-    labelled (``added``) and scrubbed of addresses (with ``loopback_ok``, loopback and 0.0.0.0 may stay: they name no
-    one and are the evidence)."""
+def _assert_new_set(cases: list, earlier: list, added, loopback_ok: bool, half: str = "heldout", odd=None) -> None:
+    """At least 25 real logs, one per thread, none from a thread of the ``earlier`` sets or of the older corpus (whose
+    table writes its sources as owner/repo#N), each labelled (``added``: a name, or a tuple of names) and scrubbed of
+    addresses (with ``loopback_ok``, loopback and 0.0.0.0 may stay: they name no one and are the evidence); ``odd``:
+    True or False when the set takes only odd- or even-numbered threads (a blind set and a development set drawn at
+    the same time)."""
     assert len(cases) >= 25
     sources = [c["source"] for c in cases]
     assert len(set(sources)) == len(sources), "one log per thread"
@@ -101,9 +103,12 @@ def _assert_new_set(cases: list, earlier: list, added: str, loopback_ok: bool) -
         old = {line.split("\t")[8].replace("#", "/").lower() for line in f.read().splitlines()[1:]}
     ours = {re.sub(r"https://github\.com/|/(?:issues|pull)(?=/)", "", s).lower() for s in sources}
     assert not ours & old
+    names = (added,) if isinstance(added, str) else tuple(added)
     for case in cases:
-        assert case["half"] == "heldout" and case["added"] == added, case
+        assert case["half"] == half and case["added"] in names, case
         assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+", case["source"]), case
+        if odd is not None:
+            assert int(case["source"].rsplit("/", 1)[1]) % 2 == (1 if odd else 0), case
         assert re.fullmatch(r"[a-z0-9-]+", case["expect"]), case
         text = score.read_log(case)
         text = _LOOPBACK_OR_ANY.sub("", text) if loopback_ok else text
@@ -179,24 +184,9 @@ FIFTH_DEV = score.load_cases(os.path.join(os.path.dirname(score.__file__), "dev5
 def test_dev5_is_new_and_scrubbed():
     """dev5: a development set (even-numbered threads, so that a blind fifth held-out set can take the odd ones),
     new against every earlier set and the older corpus, labelled and scrubbed like the held-out sets."""
-    earlier = CASES + SECOND + THIRD + FOURTH
     assert len(FIFTH_DEV) >= 28
-    sources = [c["source"] for c in FIFTH_DEV]
-    assert len(set(sources)) == len(sources), "one log per thread"
-    assert not {s.lower() for s in sources} & {c["source"].lower() for c in earlier}
-    for case in FIFTH_DEV:
-        assert case["half"] == "dev" and case["added"] in ("dev5", "dev5-late"), case
-        assert int(case["source"].rsplit("/", 1)[1]) % 2 == 0, case  # odd numbers are the blind set's
-        assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+", case["source"]), case
-        assert re.fullmatch(r"[a-z0-9-]+", case["expect"]), case
-        text = _LOOPBACK_OR_ANY.sub("", score.read_log(case))
-        assert text.strip(), case["file"]
-        assert not re.search(r"\b(?:\d{1,3}\.){3}\d{1,3}\b", text), f"{case['file']}: an address left in"
-    old_table = os.path.join(os.path.dirname(os.path.abspath(__file__)), "explain_corpus", "cases.tsv")
-    with open(old_table, encoding="utf-8") as f:
-        old = {line.split("\t")[8].replace("#", "/").lower() for line in f.read().splitlines()[1:]}
-    ours = {re.sub(r"https://github\.com/|/(?:issues|pull)(?=/)", "", s).lower() for s in sources}
-    assert not ours & old
+    _assert_new_set(FIFTH_DEV, CASES + SECOND + THIRD + FOURTH, ("dev5", "dev5-late"), loopback_ok=True, half="dev",
+                    odd=False)
 
 
 def test_dev5_keeps_its_score():
