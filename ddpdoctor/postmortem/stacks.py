@@ -28,13 +28,13 @@ import shutil
 import signal
 import subprocess
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import psutil
 
 from ddpdoctor.result import format_ranks
+from ddpdoctor.system import threadstacks
 from ddpdoctor.system.stackframes import where_hung
 
 __all__ = ["RankProcess", "StackReading", "find_ranks", "read_stack", "read_stacks", "group_by_place",
@@ -359,9 +359,6 @@ def handler_installed(pid: int, signum: int) -> bool:
     return bool(m) and bool(int(m.group(1), 16) >> (signum - 1) & 1)
 
 
-_END = "# ddpdoctor stacks end "
-
-
 @dataclass
 class _Ask:
     """One stack request to a hook's thread: where the answer goes, from which offset, under which token."""
@@ -387,38 +384,16 @@ def _request(proc: RankProcess, path: str) -> _Ask:
     if not proc.stack_answers:
         return _Ask(proc, path, 0)
     ask = _Ask(proc, path, _size(proc.stack_answers))
-    token = uuid.uuid4().hex[:16]
-    target = os.path.join(os.path.dirname(path), f"stackreq-{proc.pid}")
-    tmp = f"{target}.{os.getpid()}.tmp"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(token)
-        os.replace(tmp, target)
-        ask.token = token
+        ask.token = threadstacks.ask(os.path.join(os.path.dirname(path), f"stackreq-{proc.pid}"))
     except OSError as exc:
         ask.error = f"cannot write the request ({exc.strerror})"
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
     return ask
 
 
 def _answer(ask: _Ask) -> Optional[str]:
     """The dump the hook's thread appended for ``ask``'s token (without its end line), or None yet."""
-    try:
-        with open(ask.proc.stack_answers, encoding="utf-8", errors="replace") as f:
-            f.seek(ask.start)
-            text = f.read()
-    except OSError:
-        return None
-    end = text.find(_END + ask.token + "\n")
-    if end < 0:
-        return None
-    begin = text.rfind(_END, 0, end)  # an earlier request's answer, when two readers asked at once
-    begin = 0 if begin < 0 else text.index("\n", begin) + 1
-    return text[begin:end]
+    return threadstacks.answered(ask.proc.stack_answers, ask.start, ask.token)
 
 
 def _signal_dump(proc: RankProcess, path: str, wait: float) -> tuple:

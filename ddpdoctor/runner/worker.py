@@ -1,8 +1,11 @@
 """The rank side of a run: one forked worker process per rank runs the checks it is told to.
 
 A worker connects to the control store, says hello, then for each check waits for the
-coordinator's directive and publishes its outcome. Its stdout/stderr go to a per-rank log; Python
-stacks can be dumped on SIGUSR1 (faulthandler) and fatal signals print the crashing stack to the log.
+coordinator's directive and publishes its outcome. Its stdout/stderr go to a per-rank log; fatal
+signals print the crashing stack to the log. Its Python stacks are read on request by a thread of its
+own, under the GIL (:mod:`ddpdoctor.system.threadstacks`: faulthandler's dump from a signal handler can
+crash a process whose other threads run Python, and the user's model factory or torch may start such
+threads); faulthandler on SIGUSR1 stays the fallback for a worker whose GIL is held.
 A worker never returns: it ends with ``os._exit``, and dies with its supervisor (PR_SET_PDEATHSIG).
 """
 
@@ -14,6 +17,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -23,6 +27,7 @@ from ddpdoctor.check import Check, RankContext
 from ddpdoctor.result import Outcome, Status
 from ddpdoctor.runner.channel import COUNTS, Channel, ChannelLost, connect_store, dump_counts, unpack_hosts
 from ddpdoctor.runner.options import reset_signals_in_worker
+from ddpdoctor.system import threadstacks
 from ddpdoctor.system.stackframes import shown_path
 
 __all__ = ["WorkerSpec", "worker_main", "run_guarded", "raised_at", "set_parent_death_signal", "EXIT_HINT",
@@ -56,6 +61,17 @@ class WorkerSpec:
     env: dict = field(default_factory=dict)
     close_fds: Sequence[int] = ()
     open_files: Any = None  # set in the worker: files that must stay open for its lifetime
+
+    @property
+    def stack_request(self) -> str:
+        """The file a stack request's token is written to (next to ``stack_path``, in the run's own
+        temporary directory)."""
+        return f"{self.stack_path}.req"
+
+    @property
+    def stack_answers(self) -> str:
+        """The file the worker's stack thread appends its answers to (``stack_path``: faulthandler's)."""
+        return f"{self.stack_path}.ans"
 
 
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
@@ -138,7 +154,9 @@ def _prepare(spec: WorkerSpec) -> Any:
     os.dup2(log.fileno(), 2)
     stack_file = open(spec.stack_path, "a")
     faulthandler.enable(file=log, all_threads=True)
-    faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True, chain=False)
+    faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True, chain=False)  # the fallback
+    threadstacks.start_answering(spec.stack_request, spec.stack_answers, threading.main_thread().ident,
+                                 block=STACK_SIGNAL)
     os.environ.update(spec.env)
     # Ranks share the node's cores, and an OpenMP pool inherited through fork can deadlock the
     # first parallel op: one intra-op thread per rank (the checks' tensors are small).
