@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
 from ddpdoctor.runner.channel import Channel
-from ddpdoctor.runner.worker import STACK_SIGNAL, WorkerSpec, worker_main
+from ddpdoctor.runner.worker import STACK_SIGNAL, WorkerSpec, make_stack_request, worker_main
 from ddpdoctor.system import threadstacks
 from ddpdoctor.system.signals import describe_exit
 
@@ -77,17 +77,12 @@ class Supervisor:
         object's header and so copying every page of the heap (copy-on-write): a third fewer page
         faults per rank. This process unfreezes them once the workers are forked.
 
-        Each worker's stack request is a named pipe made here, before the fork, so a request never finds
-        a plain file in its place (see :func:`read_stacks`); where one cannot be made, the worker's
-        stack thread looks at a plain file instead.
+        Each worker's stack request is a named pipe made here, before the fork (see :func:`read_stacks`).
         """
         import gc
 
         for spec in specs:
-            try:
-                os.mkfifo(spec.stack_request, 0o600)
-            except OSError:
-                pass
+            make_stack_request(spec)
         gc.freeze()
         try:
             for spec in specs:
