@@ -19,7 +19,7 @@ import time
 import pytest
 
 import faults
-from ddpdoctor.runner.supervisor import read_stacks
+from ddpdoctor.runner.supervisor import Worker, read_stacks
 from ddpdoctor.runner.worker import WorkerSpec, make_stack_request
 from ddpdoctor.system.stackframes import where_hung
 from ddpdoctor.system.threadstacks import END
@@ -33,7 +33,7 @@ spec = WorkerSpec(rank=0, world_size=1, local_rank=0, local_world_size=1, node_r
                   store_addr="", store_port=0, prefix="", checks=(), stack_path=sys.argv[2], log_path=os.devnull)
 keep = answer_stack_requests(spec)
 threading.Thread(target=churn, name="churn", daemon=True).start()  # a thread running Python all the time
-print("ready", flush=True)
+print("ready", threading.main_thread().ident, flush=True)
 if sys.argv[1] == "gil":
     hold_the_gil()
 else:
@@ -50,15 +50,16 @@ def _spec(tmp_path) -> WorkerSpec:
 def _worker_like(cli_env, tmp_path, mode):
     """A process set up as a check's worker (its stack request made first, as the supervisor does) whose
     thread runs Python all the time, its main thread asleep (``sleep``) or in C code that holds the GIL
-    (``gil``): (process, spec, script)."""
+    (``gil``): (process, the Worker the supervisor would hold for it)."""
     spec = _spec(tmp_path)
     make_stack_request(spec)
     script = tmp_path / "worker_like.py"
     script.write_text(WORKER_LIKE)
     proc = subprocess.Popen([sys.executable, str(script), mode, spec.stack_path], env=cli_env,
                             stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline() == "ready\n"
-    return proc, spec, script
+    ready, main = proc.stdout.readline().split()
+    assert ready == "ready"
+    return proc, Worker(spec, proc.pid, main_thread=int(main))
 
 
 def _line(text: str, where: str) -> int:
@@ -81,18 +82,18 @@ def test_a_worker_with_a_busy_thread_is_read_by_its_stack_thread_and_survives(cl
     """Twenty reads of a worker whose other thread runs Python (the case faulthandler's dump can crash):
     each is the stack thread's (never the signal: faulthandler's file stays empty), names the line the
     main thread sleeps on, shows the busy thread too, and the process is alive after."""
-    proc, spec, _ = _worker_like(cli_env, tmp_path, "sleep")
+    proc, worker = _worker_like(cli_env, tmp_path, "sleep")
     try:
         line = _line("MARK:sleep", WORKER_LIKE)
         for _ in range(20):
-            dump = read_stacks({0: (proc.pid, spec)}, wait=3.0)[0]
+            dump = read_stacks({0: worker}, wait=3.0)[0]
             assert dump.method == "thread", dump
             assert where_hung(dump.text).endswith(f"worker_like.py:{line})"), dump.text
             assert "in churn\n" in dump.text or "in rec\n" in dump.text, dump.text
-            assert dump.text.startswith("Thread 0x") and END not in dump.text
+            assert dump.text.startswith(f"Thread 0x{worker.main_thread:016x} ") and END not in dump.text
             assert dump.how() == "stack read by the worker's stack thread (under the GIL)"
         assert proc.poll() is None
-        assert os.path.getsize(spec.stack_path) == 0  # faulthandler was never asked
+        assert os.path.getsize(worker.spec.stack_path) == 0  # faulthandler was never asked
     finally:
         _stop(proc)
 
@@ -101,12 +102,13 @@ def test_a_worker_with_a_busy_thread_is_read_by_its_stack_thread_and_survives(cl
 def test_a_worker_whose_gil_is_held_is_read_by_faulthandler(cli_env, tmp_path):
     """A main thread in C code that never lets the GIL go leaves the stack thread no turn: after 60% of
     the wait the worker gets SIGUSR1 (safe then: no other thread runs Python), the dump says why it
-    was read that way, names the line, and the process is alive after."""
-    proc, spec, _ = _worker_like(cli_env, tmp_path, "gil")
+    was read that way, names the main thread's line (the signal may be handled on the busy thread: the
+    main thread's block is put first), and the process is alive after."""
+    proc, worker = _worker_like(cli_env, tmp_path, "gil")
     try:
         deadline = time.monotonic() + 30
         while True:  # until its main thread holds the GIL (read by the thread just before: not yet)
-            dump = read_stacks({0: (proc.pid, spec)}, wait=1.0)[0]
+            dump = read_stacks({0: worker}, wait=1.0)[0]
             if dump.method != "thread" or time.monotonic() > deadline:
                 break
             assert "hold_the_gil" not in dump.text, dump.text
@@ -117,6 +119,7 @@ def test_a_worker_whose_gil_is_held_is_read_by_faulthandler(cli_env, tmp_path):
                               "0.6s (the GIL held?)")
         gil = _faults_line("2**64")
         assert where_hung(dump.text) == f"match, called from hold_the_gil (tests/faults.py:{gil})", dump.text
+        assert dump.text.startswith(f"Current thread 0x{worker.main_thread:016x} "), dump.text  # whichever handled it
         assert proc.poll() is None
     finally:
         _stop(proc)

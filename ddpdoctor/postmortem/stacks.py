@@ -35,7 +35,7 @@ import psutil
 
 from ddpdoctor.result import format_ranks
 from ddpdoctor.system import threadstacks
-from ddpdoctor.system.stackframes import where_hung
+from ddpdoctor.system.stackframes import main_thread_first, where_hung
 
 __all__ = ["RankProcess", "StackReading", "find_ranks", "read_stack", "read_stacks", "group_by_place",
            "render_groups", "by_job", "pyspy_to_faulthandler", "stacks_command"]
@@ -298,23 +298,6 @@ def pyspy_to_faulthandler(text: str) -> str:
         out.extend(b[1:])
         out.append("")
     return "\n".join(out)
-
-
-_THREAD_HEAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)(.*)$", re.M)
-
-
-def main_thread_first(dump: str, ident: Optional[int]) -> str:
-    """A faulthandler dump with the main thread's block marked "Current thread" (the signal may have
-    been handled on any thread, and where_hung reads the current one)."""
-    if ident is None or not dump.strip():
-        return dump
-    blocks = re.split(r"\n(?=Thread 0x|Current thread 0x)", dump.strip())
-    main = [b for b in blocks if (m := _THREAD_HEAD.match(b)) and int(m.group(2), 16) == ident]
-    if not main:
-        return dump
-    rest = [_THREAD_HEAD.sub(r"Thread \2\3", b, count=1) for b in blocks if b is not main[0]]
-    first = _THREAD_HEAD.sub(r"Current thread \2\3", main[0], count=1)
-    return "\n\n".join([first] + rest) + "\n"
 
 
 def pyspy_path() -> Optional[str]:

@@ -18,6 +18,7 @@ import enum
 import errno
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
@@ -26,6 +27,7 @@ from ddpdoctor.runner.channel import Channel
 from ddpdoctor.runner.worker import STACK_SIGNAL, WorkerSpec, make_stack_request, worker_main
 from ddpdoctor.system import threadstacks
 from ddpdoctor.system.signals import describe_exit
+from ddpdoctor.system.stackframes import main_thread_first
 
 __all__ = ["Supervisor", "Worker", "WorkerState", "StackDump", "read_stacks", "tail", "HALT_GRACE"]
 
@@ -48,6 +50,7 @@ class Worker:
     pid: int
     state: WorkerState = WorkerState.RUNNING
     wait_status: Optional[int] = None
+    main_thread: Optional[int] = None  # its main thread's ident: the thread that forked it keeps its own
 
     @property
     def rank(self) -> int:
@@ -89,7 +92,7 @@ class Supervisor:
                 pid = os.fork()
                 if pid == 0:  # pragma: no cover - the child never returns
                     worker_main(spec)
-                self.workers.append(Worker(spec, pid))
+                self.workers.append(Worker(spec, pid, main_thread=threading.get_ident()))
         finally:
             gc.unfreeze()
 
@@ -156,7 +159,7 @@ class Supervisor:
             if w is None or w.state is not WorkerState.RUNNING:
                 out[rank] = StackDump(why="the worker is not running")
             else:
-                targets[rank] = (w.pid, w.spec)
+                targets[rank] = w
         out.update(read_stacks(targets, wait))
         return out
 
@@ -232,13 +235,14 @@ class StackDump:
         return cls(str(d.get("stack", "")), str(d.get("read", "none")), str(d.get("why", "")))
 
 
-def read_stacks(targets: Mapping[int, tuple], wait: float = 1.0) -> dict[int, StackDump]:
-    """``{rank: StackDump}`` for ``{rank: (pid, WorkerSpec)}``, all at once, within about ``wait`` seconds.
+def read_stacks(targets: Mapping[int, Worker], wait: float = 1.0) -> dict[int, StackDump]:
+    """``{rank: StackDump}`` for ``{rank: Worker}``, all at once, within about ``wait`` seconds.
 
     Each worker's stack thread is asked first (a token in its request file, :mod:`ddpdoctor.system.threadstacks`)
     and reads every thread's stack under the GIL. A worker whose thread has not answered within 60% of
     ``wait`` gets SIGUSR1, and faulthandler's dump, for the rest: its GIL is held by C code that never
-    lets it go, so no other thread runs Python and the signal's dump is safe. Never the signal first:
+    lets it go, so no other thread runs Python and the signal's dump is safe (its main thread is put
+    first and marked current: the signal may be handled on another thread). Never the signal first:
     faulthandler walks the other threads' frames while they run, which can crash the worker (CPython
     issue 116008) and turn "hung at X" into "died of SIGSEGV"."""
     started = time.monotonic()
@@ -248,7 +252,7 @@ def read_stacks(targets: Mapping[int, tuple], wait: float = 1.0) -> dict[int, St
     unasked = set(targets)
     while True:
         for rank in sorted(unasked):
-            spec = targets[rank][1]
+            spec = targets[rank].spec
             start = _size(spec.stack_answers)
             try:
                 asks[rank] = (start, threadstacks.ask(spec.stack_request))
@@ -259,7 +263,7 @@ def read_stacks(targets: Mapping[int, tuple], wait: float = 1.0) -> dict[int, St
                     unasked.discard(rank)
         for rank, (start, token) in asks.items():
             if rank not in out:
-                text = threadstacks.answered(targets[rank][1].stack_answers, start, token)
+                text = threadstacks.answered(targets[rank].spec.stack_answers, start, token)
                 if text is not None:
                     out[rank] = StackDump(text, "thread")
         if len(out) == len(targets) or time.monotonic() - started >= patience:
@@ -272,26 +276,27 @@ def read_stacks(targets: Mapping[int, tuple], wait: float = 1.0) -> dict[int, St
     return out
 
 
-def _signal_dumps(targets: Mapping[int, tuple], why: Mapping[int, str], deadline: float) -> dict[int, StackDump]:
+def _signal_dumps(targets: Mapping[int, Worker], why: Mapping[int, str], deadline: float) -> dict[int, StackDump]:
     """faulthandler's dumps (SIGUSR1) of the workers whose stack thread did not answer."""
     sizes = {}
     out = {}
-    for rank, (pid, spec) in targets.items():
-        sizes[rank] = _size(spec.stack_path)
+    for rank, w in targets.items():
+        sizes[rank] = _size(w.spec.stack_path)
         try:
-            os.kill(pid, STACK_SIGNAL)
+            os.kill(w.pid, STACK_SIGNAL)
         except ProcessLookupError:
             out[rank] = StackDump(why=f"{why[rank]}; the worker has ended")
     pending = set(sizes) - set(out)
     while pending and time.monotonic() < deadline:
         time.sleep(0.02)
         for rank in list(pending):
-            path = targets[rank][1].stack_path
+            path = targets[rank].spec.stack_path
             if _size(path) > sizes[rank]:
                 _wait_stable(path, deadline)  # faulthandler writes frame by frame
                 with open(path, errors="replace") as f:
                     f.seek(sizes[rank])
-                    out[rank] = StackDump(f.read(), "signal", why[rank])
+                    text = main_thread_first(f.read(), targets[rank].main_thread)
+                out[rank] = StackDump(text, "signal", why[rank])
                 pending.discard(rank)
     for rank in pending:
         out[rank] = StackDump(why=f"{why[rank]}; no stack written after SIGUSR1 either")
