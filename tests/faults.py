@@ -83,13 +83,14 @@ def hold_the_gil() -> None:
 
 class BusyHangCheck(Check):
     name = "fault-hang-busy"
-    description = "FAULT_RANK hangs while a thread of its own runs Python; FAULT_GIL_RANK holds the GIL"
+    description = "FAULT_RANK hangs while a thread of its own runs Python; FAULT_GIL_RANK holds the GIL (busy thread too)"
 
     def run(self, ctx: RankContext) -> Outcome:
         if ctx.rank == _target():
             threading.Thread(target=churn, name="churn", daemon=True).start()
             hang_forever(float(os.environ.get("FAULT_SLEEP", "600")))
         if str(ctx.rank) == os.environ.get("FAULT_GIL_RANK"):
+            threading.Thread(target=churn, name="churn", daemon=True).start()  # may handle the stack signal
             hold_the_gil()
         return ctx.passed("fine")
 
