@@ -13,14 +13,12 @@ import time
 import psutil
 import pytest
 
-import ddpdoctor
 from ddpdoctor.system.stackframes import where_hung
 from ddpdoctor.postmortem.rundir import inject_files
 from ddpdoctor.postmortem.stacks import RankProcess, StackReading, pyspy_to_faulthandler, render_groups
 from jobscripts import line_of, torchrun, write_train
 
 CMD = [sys.executable, "-m", "ddpdoctor"]
-INJECT = os.path.join(os.path.dirname(ddpdoctor.__file__), "postmortem", "inject", "sitecustomize.py")
 
 PYSPY_DUMP = """Process 4242: python train.py hang
 Python v3.11.7 (/usr/bin/python3.11)
