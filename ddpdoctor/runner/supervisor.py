@@ -238,8 +238,8 @@ class StackDump:
 def read_stacks(targets: Mapping[int, Worker], wait: float = 1.0) -> dict[int, StackDump]:
     """``{rank: StackDump}`` for ``{rank: Worker}``, all at once, within about ``wait`` seconds.
 
-    Each worker's stack thread is asked first (a token in its request file, :mod:`ddpdoctor.system.threadstacks`)
-    and reads every thread's stack under the GIL. A worker whose thread has not answered within 60% of
+    Each worker's stack thread is asked first (a token through its request pipe, made before the fork;
+    :mod:`ddpdoctor.system.threadstacks`) and reads every thread's stack under the GIL. A worker whose thread has not answered within 60% of
     ``wait`` gets SIGUSR1, and faulthandler's dump, for the rest: its GIL is held by C code that never
     lets it go, so no other thread runs Python and the signal's dump is safe (its main thread is put
     first and marked current: the signal may be handled on another thread). Never the signal first:

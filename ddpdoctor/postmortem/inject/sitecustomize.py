@@ -61,8 +61,9 @@ In each registered process it:
   where it cannot be loaded, the arguments are left out.
 
 Then it imports the ``sitecustomize`` that was next on the path, if any. It imports nothing from
-torch, nor the ddpdoctor package (only the standard-library-only ``redact.py``, by path), and never
-raises: a failure here must not break the user's job.
+torch, nor the ddpdoctor package (only standard-library-only modules, by path: ``redact.py``, and the
+stack thread's ``_ddpdoctor_threadstacks.py`` beside this file, a copy of ``system/threadstacks.py``),
+and never raises: a failure here must not break the user's job.
 """
 
 import os
