@@ -6,8 +6,10 @@ Which rank misbehaves comes from FAULT_RANK (default 1); FAULT_SLEEP bounds the 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
+import threading
 import time
 
 import torch
@@ -66,6 +68,33 @@ class HangCheck(Check):
         return ctx.passed("fine")
 
 
+def churn() -> None:
+    """Run Python all the time, as a DataLoader's pin-memory thread or a user's data thread does."""
+    def rec(n: int) -> int:
+        return 0 if n == 0 else rec(n - 1) + 1
+
+    while True:
+        rec(300)
+
+
+def hold_the_gil() -> None:
+    re.match(r"(a+)+$", "a" * 64 + "b")  # C code that never lets the GIL go (2**64 steps)
+
+
+class BusyHangCheck(Check):
+    name = "fault-hang-busy"
+    description = "FAULT_RANK hangs while a thread of its own runs Python; FAULT_GIL_RANK holds the GIL (busy thread too)"
+
+    def run(self, ctx: RankContext) -> Outcome:
+        if ctx.rank == _target():
+            threading.Thread(target=churn, name="churn", daemon=True).start()
+            hang_forever(float(os.environ.get("FAULT_SLEEP", "600")))
+        if str(ctx.rank) == os.environ.get("FAULT_GIL_RANK"):
+            threading.Thread(target=churn, name="churn", daemon=True).start()  # may handle the stack signal
+            hold_the_gil()
+        return ctx.passed("fine")
+
+
 class SkipCollectiveCheck(Check):
     name = "fault-skip-collective"
     description = "FAULT_RANK skips an all_reduce the others enter"
@@ -105,7 +134,7 @@ class PassCheck(Check):
         return ctx.passed(f"rank {ctx.rank} ok")
 
 
-CHECKS = [RaiseCheck, ExitCheck, SegvCheck, HangCheck, SkipCollectiveCheck, MarkThenCollectiveCheck, PassCheck]
+CHECKS = [RaiseCheck, ExitCheck, SegvCheck, HangCheck, BusyHangCheck, SkipCollectiveCheck, MarkThenCollectiveCheck, PassCheck]
 
 
 FAULT_KINDS = ("raise", "fail", "exit0", "exit3", "sysexit2", "sigkill", "sigsegv")

@@ -13,14 +13,12 @@ import time
 import psutil
 import pytest
 
-import ddpdoctor
 from ddpdoctor.system.stackframes import where_hung
-from ddpdoctor.postmortem.rundir import HOOK_FILES
+from ddpdoctor.postmortem.rundir import inject_files
 from ddpdoctor.postmortem.stacks import RankProcess, StackReading, pyspy_to_faulthandler, render_groups
 from jobscripts import line_of, torchrun, write_train
 
 CMD = [sys.executable, "-m", "ddpdoctor"]
-INJECT = os.path.join(os.path.dirname(ddpdoctor.__file__), "postmortem", "inject", "sitecustomize.py")
 
 PYSPY_DUMP = """Process 4242: python train.py hang
 Python v3.11.7 (/usr/bin/python3.11)
@@ -62,8 +60,8 @@ def job_with_handler(cli_env, tmp_path):
     run_dir = tmp_path / "run"
     inject = run_dir / ".inject"
     inject.mkdir(parents=True)
-    for name in HOOK_FILES:  # the hook and the module it loads to dump the Flight Recorder
-        shutil.copy(os.path.join(os.path.dirname(INJECT), name), inject)
+    for source, name in inject_files():  # the hook and the modules it loads (the stack thread, the Flight Recorder)
+        shutil.copy(source, inject / name)
     env = {**cli_env, "PYTHONPATH": f"{inject}{os.pathsep}{cli_env['PYTHONPATH']}", "DDPDOCTOR_RUN_DIR": str(run_dir),
            "DDPDOCTOR_BEAT_S": "0.2"}
     script = write_train(tmp_path)
@@ -275,8 +273,8 @@ def _busy_job(cli_env, tmp_path, mode):
     run_dir = tmp_path / "run"
     inject = run_dir / ".inject"
     inject.mkdir(parents=True)
-    for name in HOOK_FILES:
-        shutil.copy(os.path.join(os.path.dirname(INJECT), name), inject)
+    for source, name in inject_files():
+        shutil.copy(source, inject / name)
     script = tmp_path / "busy.py"
     script.write_text(BUSY)
     env = {**cli_env, "PYTHONPATH": f"{inject}{os.pathsep}{cli_env['PYTHONPATH']}", "DDPDOCTOR_RUN_DIR": str(run_dir),

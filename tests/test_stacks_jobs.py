@@ -16,10 +16,9 @@ import sys
 
 import pytest
 
-import ddpdoctor
+from ddpdoctor.postmortem.rundir import inject_files
 from jobscripts import line_of, mark_line, torchrun, write_script, write_train
 
-INJECT = os.path.join(os.path.dirname(ddpdoctor.__file__), "postmortem", "inject", "sitecustomize.py")
 NOBODY = 65534
 
 
@@ -105,13 +104,14 @@ think()
 TWO_JOBS = r'''
 import glob, json, os, shutil, signal, subprocess, sys, time
 
-inject, hung_script, healthy_script, base = sys.argv[1:5]
+inject, hung_script, healthy_script, base = json.loads(sys.argv[1]), *sys.argv[2:5]
 torchrun = json.loads(sys.argv[5])
 jobs = []
 for name, script, args in (("hung", hung_script, ["hang", "20"]), ("healthy", healthy_script, [base])):
     run_dir = os.path.join(base, name)
     os.makedirs(os.path.join(run_dir, ".inject"))
-    shutil.copy(inject, os.path.join(run_dir, ".inject"))
+    for source, name in inject:  # the hook and the modules it loads (its stack thread's among them)
+        shutil.copy(source, os.path.join(run_dir, ".inject", name))
     env = {**os.environ, "DDPDOCTOR_RUN_DIR": run_dir, "DDPDOCTOR_BEAT_S": "0.2",
            "PYTHONPATH": os.path.join(run_dir, ".inject") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     jobs.append(subprocess.Popen(torchrun + [script] + args, env=env, stdout=subprocess.DEVNULL,
@@ -147,7 +147,7 @@ def test_stacks_judges_two_jobs_on_one_node_apart(cli_env, tmp_path):
     hung = write_train(tmp_path)
     healthy = write_script(tmp_path, "healthy.py", HEALTHY)
     driver = write_script(tmp_path, "two_jobs.py", TWO_JOBS)
-    got = in_namespace(driver, INJECT, hung, healthy, str(tmp_path), json.dumps(torchrun("")[:-1]),
+    got = in_namespace(driver, json.dumps(inject_files()), hung, healthy, str(tmp_path), json.dumps(torchrun("")[:-1]),
                        env=cli_env, timeout=280)
     out, pids = got["out"], got["pids"]
     assert got["code"] == 0 and len(pids["hung"]) == 2 and len(pids["healthy"]) == 2, got

@@ -41,7 +41,8 @@ OWN_PATTERNS = (MARKER + ".*.tmp", "proc-*.json", "beat-*", "coll-*.txt", "stack
                 ".flight-recorder-rank*", "frdump-*.json", ".frdump-*", "fr-request", ".fr-request.*",
                 "solo-*", ".solo-*", "count-*.json", ".count-*",
                 "frprog-*.json", ".frprog-*", "torch-dump-rank*", "stackreq-*", "stackans-*.txt")
-# what .inject/ holds from ddpdoctor/postmortem/inject/ (inject_files() adds the library's fingerprint)
+# what .inject/ holds from ddpdoctor/postmortem/inject/ (inject_files() adds the library's fingerprint and
+# the stack thread, ddpdoctor/system/threadstacks.py)
 HOOK_FILES = ("sitecustomize.py", "_ddpdoctor_recorder.py", "_ddpdoctor_watches.py")
 FIXED_NAMES = (INJECT, "output.raw.log", "stacks.txt", "verdict.txt", "verdict.json", "report.html", "trace.json")  # what every run may write
 
@@ -328,11 +329,14 @@ def prepare_run_dir(run_dir: Optional[str]) -> RunDir:
 
 def inject_files() -> list:
     """(source, name in ``.inject``): the hook, the watches (:mod:`ddpdoctor.postmortem.watches`), the
-    library's fingerprint they use and the Flight Recorder's dump, as files: the job's interpreter need
-    not be able to import ddpdoctor."""
+    library's fingerprint they use, the Flight Recorder's dump and the thread that reads the stacks
+    (:mod:`ddpdoctor.system.threadstacks`), as files: the job's interpreter need not be able to import
+    ddpdoctor."""
     here = os.path.dirname(os.path.abspath(__file__))
+    package = os.path.dirname(here)
     return [*((os.path.join(here, "inject", name), name) for name in HOOK_FILES),
-            (os.path.join(os.path.dirname(here), "diagnostics", "fingerprint.py"), "_ddpdoctor_fingerprint.py")]
+            (os.path.join(package, "diagnostics", "fingerprint.py"), "_ddpdoctor_fingerprint.py"),
+            (os.path.join(package, "system", "threadstacks.py"), "_ddpdoctor_threadstacks.py")]
 
 
 def _write_hook(inject: str) -> None:

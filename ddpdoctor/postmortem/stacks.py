@@ -28,14 +28,14 @@ import shutil
 import signal
 import subprocess
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import psutil
 
 from ddpdoctor.result import format_ranks
-from ddpdoctor.system.stackframes import where_hung
+from ddpdoctor.system import threadstacks
+from ddpdoctor.system.stackframes import main_thread_first, where_hung
 
 __all__ = ["RankProcess", "StackReading", "find_ranks", "read_stack", "read_stacks", "group_by_place",
            "render_groups", "by_job", "pyspy_to_faulthandler", "stacks_command"]
@@ -300,23 +300,6 @@ def pyspy_to_faulthandler(text: str) -> str:
     return "\n".join(out)
 
 
-_THREAD_HEAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)(.*)$", re.M)
-
-
-def main_thread_first(dump: str, ident: Optional[int]) -> str:
-    """A faulthandler dump with the main thread's block marked "Current thread" (the signal may have
-    been handled on any thread, and where_hung reads the current one)."""
-    if ident is None or not dump.strip():
-        return dump
-    blocks = re.split(r"\n(?=Thread 0x|Current thread 0x)", dump.strip())
-    main = [b for b in blocks if (m := _THREAD_HEAD.match(b)) and int(m.group(2), 16) == ident]
-    if not main:
-        return dump
-    rest = [_THREAD_HEAD.sub(r"Thread \2\3", b, count=1) for b in blocks if b is not main[0]]
-    first = _THREAD_HEAD.sub(r"Current thread \2\3", main[0], count=1)
-    return "\n\n".join([first] + rest) + "\n"
-
-
 def pyspy_path() -> Optional[str]:
     """py-spy's executable, unless disabled with DDPDOCTOR_STACKS_METHOD=handler."""
     if os.environ.get("DDPDOCTOR_STACKS_METHOD", "auto") == "handler":
@@ -359,9 +342,6 @@ def handler_installed(pid: int, signum: int) -> bool:
     return bool(m) and bool(int(m.group(1), 16) >> (signum - 1) & 1)
 
 
-_END = "# ddpdoctor stacks end "
-
-
 @dataclass
 class _Ask:
     """One stack request to a hook's thread: where the answer goes, from which offset, under which token."""
@@ -387,38 +367,16 @@ def _request(proc: RankProcess, path: str) -> _Ask:
     if not proc.stack_answers:
         return _Ask(proc, path, 0)
     ask = _Ask(proc, path, _size(proc.stack_answers))
-    token = uuid.uuid4().hex[:16]
-    target = os.path.join(os.path.dirname(path), f"stackreq-{proc.pid}")
-    tmp = f"{target}.{os.getpid()}.tmp"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(token)
-        os.replace(tmp, target)
-        ask.token = token
+        ask.token = threadstacks.ask(os.path.join(os.path.dirname(path), f"stackreq-{proc.pid}"))
     except OSError as exc:
         ask.error = f"cannot write the request ({exc.strerror})"
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
     return ask
 
 
 def _answer(ask: _Ask) -> Optional[str]:
     """The dump the hook's thread appended for ``ask``'s token (without its end line), or None yet."""
-    try:
-        with open(ask.proc.stack_answers, encoding="utf-8", errors="replace") as f:
-            f.seek(ask.start)
-            text = f.read()
-    except OSError:
-        return None
-    end = text.find(_END + ask.token + "\n")
-    if end < 0:
-        return None
-    begin = text.rfind(_END, 0, end)  # an earlier request's answer, when two readers asked at once
-    begin = 0 if begin < 0 else text.index("\n", begin) + 1
-    return text[begin:end]
+    return threadstacks.answered(ask.proc.stack_answers, ask.start, ask.token)
 
 
 def _signal_dump(proc: RankProcess, path: str, wait: float) -> tuple:

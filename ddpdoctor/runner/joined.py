@@ -170,7 +170,7 @@ def _last_words(channel: Optional[Channel], supervisor: Optional[Supervisor], ra
         return
     try:
         with terminate_as_interrupt():
-            stack = supervisor.dump_stacks([rank], wait=0.5).get(rank, "") if supervisor else ""
+            stack = supervisor.dump_stacks([rank], wait=0.5)[rank].text if supervisor else ""
             channel.put(f"term/{rank}", {"why": why, "where": where_hung(stack) if stack else ""})
     except (ChannelLost, Interrupted, OSError):
         pass

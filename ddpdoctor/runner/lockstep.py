@@ -20,14 +20,15 @@ from ddpdoctor.check import Check, WorldInfo
 from ddpdoctor.report.progress import Progress
 from ddpdoctor.result import CheckResult, Outcome, Status, format_ranks, rank_label
 from ddpdoctor.runner.channel import Channel, pack_hosts
-from ddpdoctor.runner.supervisor import Supervisor
+from ddpdoctor.runner.supervisor import StackDump, Supervisor
 from ddpdoctor.runner.verdict import UNREACHABLE, WAIT_GRACE, Trouble, compose, dead_outcome, is_failure
 from ddpdoctor.system.stackframes import where_hung
 
 __all__ = ["Coordinator", "interrupted_results"]
 
 POLL = 0.005
-STACK_WAIT = 1.0  # seconds the silent ranks' supervisors get to answer a stack request
+STACK_WAIT = 1.5  # seconds the silent ranks' supervisors get to answer a stack request (they take up to 1s:
+# a worker's stack thread gets 0.6s, faulthandler's signal the rest; see supervisor.read_stacks)
 MEASURED_EVERY = 0.1  # seconds between two looks at what a running check measured (Check.measured)
 
 # A check's deadline is --timeout on a world whose collectives are quick; on a slow one (many ranks
@@ -323,15 +324,19 @@ class Coordinator:
                            hint="report this to ddpdoctor with the JSON report",
                            outcomes=tuple(got[r] for r in sorted(got)))
 
-    def _silent_outcome(self, r: int, stack: Optional[str], waited: float) -> Outcome:
+    def _silent_outcome(self, r: int, dump: Optional[StackDump], waited: float) -> Outcome:
+        """A rank that did not answer: where it hung (its stack, and how it was read, in the details)."""
+        stack = dump.text if dump is not None else None
         place = where_hung(stack) if stack is not None else UNREACHABLE
         return Outcome(r, Status.TIMEOUT, "did not finish: "
                        + ("lost contact (no answer on the control channel)" if place == UNREACHABLE
                           else f"in {place}"),
                        hint="find why the other ranks did not reach the same call (a rank that skipped "
                             "a collective, a crash, or a slow network); raise --timeout if it is just slow",
-                       finding="rank-hung", details=tuple((stack or "").splitlines()),
-                       data={"where": place}, duration=waited)
+                       finding="rank-hung", details=((dump.how(),) if dump is not None else ())
+                       + tuple((stack or "").splitlines()),
+                       data={"where": place, **({"stack_read": dump.method} if dump is not None else {})},
+                       duration=waited)
 
     def _halt(self, ranks: Sequence[int]) -> None:
         """Stop the ranks given up on (they would wait for the failed rank until the end): each
@@ -342,7 +347,7 @@ class Coordinator:
         if ranks:
             self.supervisor.poll(now=True)
 
-    def _stacks(self, ranks: Sequence[int]) -> dict[int, str]:
+    def _stacks(self, ranks: Sequence[int]) -> dict[int, StackDump]:
         for r in ranks:
             self.channel.put(f"stackreq/{r}", {"why": "deadline"})
             self.channel.enrol("stackreq", r, counted=True)
@@ -352,7 +357,7 @@ class Coordinator:
             self.supervisor.poll(now=True)
             for r in ranks:
                 if r not in out and self.channel.has(f"stack/{r}"):
-                    out[r] = self.channel.get(f"stack/{r}")["stack"]
+                    out[r] = StackDump.from_dict(self.channel.get(f"stack/{r}"))
             time.sleep(POLL)
         return out
 

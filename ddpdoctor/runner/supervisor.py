@@ -15,17 +15,21 @@ reaps every child, so no process outlives the command.
 from __future__ import annotations
 
 import enum
+import errno
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from ddpdoctor.runner.channel import Channel
-from ddpdoctor.runner.worker import STACK_SIGNAL, WorkerSpec, worker_main
+from ddpdoctor.runner.worker import STACK_SIGNAL, WorkerSpec, make_stack_request, worker_main
+from ddpdoctor.system import threadstacks
 from ddpdoctor.system.signals import describe_exit
+from ddpdoctor.system.stackframes import main_thread_first
 
-__all__ = ["Supervisor", "Worker", "WorkerState", "tail", "HALT_GRACE"]
+__all__ = ["Supervisor", "Worker", "WorkerState", "StackDump", "read_stacks", "tail", "HALT_GRACE"]
 
 HALT_GRACE = 0.5  # seconds a halted worker gets between SIGTERM and SIGKILL
 REQUEST_EVERY = 0.05  # seconds between looks at the channel's stack-request and halt counters
@@ -46,6 +50,7 @@ class Worker:
     pid: int
     state: WorkerState = WorkerState.RUNNING
     wait_status: Optional[int] = None
+    main_thread: Optional[int] = None  # its main thread's ident: the thread that forked it keeps its own
 
     @property
     def rank(self) -> int:
@@ -74,16 +79,20 @@ class Supervisor:
         collector first (``gc.freeze``), so a worker's collections do not walk them, writing to each
         object's header and so copying every page of the heap (copy-on-write): a third fewer page
         faults per rank. This process unfreezes them once the workers are forked.
+
+        Each worker's stack request is a named pipe made here, before the fork (see :func:`read_stacks`).
         """
         import gc
 
+        for spec in specs:
+            make_stack_request(spec)
         gc.freeze()
         try:
             for spec in specs:
                 pid = os.fork()
                 if pid == 0:  # pragma: no cover - the child never returns
                     worker_main(spec)
-                self.workers.append(Worker(spec, pid))
+                self.workers.append(Worker(spec, pid, main_thread=threading.get_ident()))
         finally:
             gc.unfreeze()
 
@@ -117,8 +126,8 @@ class Supervisor:
             if wanted:
                 for w in wanted:
                     self.channel.take(f"stackreq/{w.rank}")
-                for rank, text in self.dump_stacks([w.rank for w in wanted]).items():
-                    self.channel.put(f"stack/{rank}", {"stack": text})
+                for rank, dump in self.dump_stacks([w.rank for w in wanted]).items():
+                    self.channel.put(f"stack/{rank}", dump.to_dict())
         if self.channel.count("halt") > self._halts:
             self._halts = self.channel.count("halt")
             for w in self.running():
@@ -140,32 +149,18 @@ class Supervisor:
             if w.rank in self.halting and now - self.halting[w.rank] > HALT_GRACE:
                 _signal(w.pid, signal.SIGKILL)
 
-    def dump_stacks(self, ranks: Sequence[int], wait: float = 1.0) -> dict[int, str]:
-        """Each running worker's Python stacks (faulthandler on SIGUSR1); "" when it did not answer."""
-        sizes: dict[int, int] = {}
+    def dump_stacks(self, ranks: Sequence[int], wait: float = 1.0) -> dict[int, StackDump]:
+        """Each worker's Python stacks, all asked at once (see :func:`read_stacks`); a worker that is not
+        running gets an empty dump that says so."""
+        out = {}
+        targets = {}
         for rank in ranks:
             w = self.worker(rank)
             if w is None or w.state is not WorkerState.RUNNING:
-                continue
-            sizes[rank] = _size(w.spec.stack_path)
-            try:
-                os.kill(w.pid, STACK_SIGNAL)
-            except ProcessLookupError:
-                pass
-        out = {rank: "" for rank in ranks}
-        deadline = time.monotonic() + wait
-        pending = set(sizes)
-        while pending and time.monotonic() < deadline:
-            time.sleep(0.02)
-            for rank in list(pending):
-                w = self.worker(rank)
-                assert w is not None
-                if _size(w.spec.stack_path) > sizes[rank]:
-                    _wait_stable(w.spec.stack_path, deadline)  # faulthandler writes frame by frame
-                    with open(w.spec.stack_path) as f:
-                        f.seek(sizes[rank])
-                        out[rank] = f.read()
-                    pending.discard(rank)
+                out[rank] = StackDump(why="the worker is not running")
+            else:
+                targets[rank] = w
+        out.update(read_stacks(targets, wait))
         return out
 
     def running(self) -> list[Worker]:
@@ -213,6 +208,99 @@ class Supervisor:
                 except ChildProcessError:
                     pass
                 w.state = WorkerState.STOPPED
+
+
+@dataclass(frozen=True)
+class StackDump:
+    """One worker's stacks and how they were read: ``thread`` (its stack thread, under the GIL),
+    ``signal`` (faulthandler on SIGUSR1, because the thread did not answer: ``why``) or ``none``."""
+
+    text: str = ""
+    method: str = "none"
+    why: str = ""
+
+    def how(self) -> str:
+        """The line a report shows with the stack."""
+        if self.method == "thread":
+            return "stack read by the worker's stack thread (under the GIL)"
+        if self.method == "signal":
+            return f"stack read with faulthandler (SIGUSR1): {self.why}"
+        return f"no stack: {self.why}" if self.why else "no stack"
+
+    def to_dict(self) -> dict:
+        return {"stack": self.text, "read": self.method, "why": self.why}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "StackDump":
+        return cls(str(d.get("stack", "")), str(d.get("read", "none")), str(d.get("why", "")))
+
+
+def read_stacks(targets: Mapping[int, Worker], wait: float = 1.0) -> dict[int, StackDump]:
+    """``{rank: StackDump}`` for ``{rank: Worker}``, all at once, within about ``wait`` seconds.
+
+    Each worker's stack thread is asked first (a token through its request pipe, made before the fork;
+    :mod:`ddpdoctor.system.threadstacks`) and reads every thread's stack under the GIL. A worker whose thread has not answered within 60% of
+    ``wait`` gets SIGUSR1, and faulthandler's dump, for the rest: its GIL is held by C code that never
+    lets it go, so no other thread runs Python and the signal's dump is safe (its main thread is put
+    first and marked current: the signal may be handled on another thread). Never the signal first:
+    faulthandler walks the other threads' frames while they run, which can crash the worker (CPython
+    issue 116008) and turn "hung at X" into "died of SIGSEGV"."""
+    started = time.monotonic()
+    patience = 0.6 * wait
+    asks: dict[int, tuple] = {}  # rank -> (offset in its answers, token): asked
+    out: dict[int, StackDump] = {}
+    unasked = set(targets)
+    while True:
+        for rank in sorted(unasked):
+            spec = targets[rank].spec
+            start = _size(spec.stack_answers)
+            try:
+                asks[rank] = (start, threadstacks.ask(spec.stack_request))
+                unasked.discard(rank)
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:  # ENXIO: its thread is not waiting on the pipe now (answering?)
+                    out[rank] = StackDump(why=f"cannot write the stack request ({exc.strerror})")
+                    unasked.discard(rank)
+        for rank, (start, token) in asks.items():
+            if rank not in out:
+                text = threadstacks.answered(targets[rank].spec.stack_answers, start, token)
+                if text is not None:
+                    out[rank] = StackDump(text, "thread")
+        if len(out) == len(targets) or time.monotonic() - started >= patience:
+            break
+        time.sleep(0.01)
+    late = {r: f"its stack thread did not answer within {patience:.2g}s (the GIL held?)"
+            for r in targets if r not in out}
+    late.update({r: out.pop(r).why for r in list(out) if out[r].method == "none"})
+    out.update(_signal_dumps({r: targets[r] for r in late}, late, started + max(wait, patience + 0.2)))
+    return out
+
+
+def _signal_dumps(targets: Mapping[int, Worker], why: Mapping[int, str], deadline: float) -> dict[int, StackDump]:
+    """faulthandler's dumps (SIGUSR1) of the workers whose stack thread did not answer."""
+    sizes = {}
+    out = {}
+    for rank, w in targets.items():
+        sizes[rank] = _size(w.spec.stack_path)
+        try:
+            os.kill(w.pid, STACK_SIGNAL)
+        except ProcessLookupError:
+            out[rank] = StackDump(why=f"{why[rank]}; the worker has ended")
+    pending = set(sizes) - set(out)
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.02)
+        for rank in list(pending):
+            path = targets[rank].spec.stack_path
+            if _size(path) > sizes[rank]:
+                _wait_stable(path, deadline)  # faulthandler writes frame by frame
+                with open(path, errors="replace") as f:
+                    f.seek(sizes[rank])
+                    text = main_thread_first(f.read(), targets[rank].main_thread)
+                out[rank] = StackDump(text, "signal", why[rank])
+                pending.discard(rank)
+    for rank in pending:
+        out[rank] = StackDump(why=f"{why[rank]}; no stack written after SIGUSR1 either")
+    return out
 
 
 def _signal(pid: int, sig: int) -> None:

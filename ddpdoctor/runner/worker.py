@@ -1,8 +1,11 @@
 """The rank side of a run: one forked worker process per rank runs the checks it is told to.
 
 A worker connects to the control store, says hello, then for each check waits for the
-coordinator's directive and publishes its outcome. Its stdout/stderr go to a per-rank log; Python
-stacks can be dumped on SIGUSR1 (faulthandler) and fatal signals print the crashing stack to the log.
+coordinator's directive and publishes its outcome. Its stdout/stderr go to a per-rank log; fatal
+signals print the crashing stack to the log. Its Python stacks are read on request by a thread of its
+own, under the GIL (:mod:`ddpdoctor.system.threadstacks`: faulthandler's dump from a signal handler can
+crash a process whose other threads run Python, and the user's model factory or torch may start such
+threads); faulthandler on SIGUSR1 stays the fallback for a worker whose GIL is held.
 A worker never returns: it ends with ``os._exit``, and dies with its supervisor (PR_SET_PDEATHSIG).
 """
 
@@ -14,6 +17,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -23,9 +27,10 @@ from ddpdoctor.check import Check, RankContext
 from ddpdoctor.result import Outcome, Status
 from ddpdoctor.runner.channel import COUNTS, Channel, ChannelLost, connect_store, dump_counts, unpack_hosts
 from ddpdoctor.runner.options import reset_signals_in_worker
+from ddpdoctor.system import threadstacks
 from ddpdoctor.system.stackframes import shown_path
 
-__all__ = ["WorkerSpec", "worker_main", "run_guarded", "raised_at", "set_parent_death_signal", "EXIT_HINT",
+__all__ = ["WorkerSpec", "worker_main", "make_stack_request", "answer_stack_requests", "run_guarded", "raised_at", "set_parent_death_signal", "EXIT_HINT",
            "usable_cores", "pin_crowded"]
 
 STACK_SIGNAL = signal.SIGUSR1
@@ -56,6 +61,17 @@ class WorkerSpec:
     env: dict = field(default_factory=dict)
     close_fds: Sequence[int] = ()
     open_files: Any = None  # set in the worker: files that must stay open for its lifetime
+
+    @property
+    def stack_request(self) -> str:
+        """The named pipe a stack request's token is written to (next to ``stack_path``, in the run's
+        own temporary directory, removed with it)."""
+        return f"{self.stack_path}.req"
+
+    @property
+    def stack_answers(self) -> str:
+        """The file the worker's stack thread appends its answers to (``stack_path``: faulthandler's)."""
+        return f"{self.stack_path}.ans"
 
 
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
@@ -136,9 +152,8 @@ def _prepare(spec: WorkerSpec) -> Any:
     log = open(spec.log_path, "a", buffering=1)
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
-    stack_file = open(spec.stack_path, "a")
     faulthandler.enable(file=log, all_threads=True)
-    faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True, chain=False)
+    stack_file = answer_stack_requests(spec)
     os.environ.update(spec.env)
     # Ranks share the node's cores, and an OpenMP pool inherited through fork can deadlock the
     # first parallel op: one intra-op thread per rank (the checks' tensors are small).
@@ -149,6 +164,28 @@ def _prepare(spec: WorkerSpec) -> Any:
 
     nvml.forget()  # NVML state is per process: never use the supervisor's handle after fork
     return log, stack_file
+
+
+def make_stack_request(spec: WorkerSpec) -> None:
+    """Make the named pipe the worker's stack requests go through (``spec.stack_request``): by the
+    supervisor, before the fork, so that a request never finds a plain file in its place. Where it
+    cannot be made (a file system without them), the worker's thread looks at a plain file instead."""
+    try:
+        os.mkfifo(spec.stack_request, 0o600)
+    except OSError:
+        pass
+
+
+def answer_stack_requests(spec: WorkerSpec) -> Any:
+    """Make this process answer stack requests (see :func:`ddpdoctor.runner.supervisor.read_stacks`): a
+    daemon thread, ``ddpdoctor-stacks``, that reads every thread's stack under the GIL when asked, and
+    faulthandler on SIGUSR1 as the fallback for a process whose GIL is held (then no other thread runs
+    Python, and the signal's dump is safe). The file faulthandler writes to, which must stay open."""
+    stack_file = open(spec.stack_path, "a")
+    faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True, chain=False)
+    threadstacks.start_answering(spec.stack_request, spec.stack_answers, threading.main_thread().ident,
+                                 block=STACK_SIGNAL)
+    return stack_file
 
 
 def worker_main(spec: WorkerSpec) -> NoReturn:

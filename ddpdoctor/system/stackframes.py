@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Optional
 
-__all__ = ["where_hung", "shown_path", "shown_where", "is_ours", "is_user", "user_place"]
+__all__ = ["where_hung", "main_thread_first", "shown_path", "shown_where", "is_ours", "is_user", "user_place"]
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+_THREAD_HEAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)(.*)$", re.M)
 
 
 _OURS = ("/threading.py", "/.inject/sitecustomize.py")  # a thread's bootstrap; run's hook (timing wrappers)
@@ -60,6 +62,21 @@ def shown_path(path: str) -> str:
 def shown_where(text: str) -> str:
     """``train (/home/me/proj/train.py:22)`` with each ``(path:line)`` shown as :func:`shown_path` does."""
     return re.sub(r"\(([^()\s]+):(\d+)\)", lambda m: f"({shown_path(m.group(1))}:{m.group(2)})", text)
+
+
+def main_thread_first(dump: str, ident: Optional[int]) -> str:
+    """A faulthandler dump with the main thread's block (``ident``) first and marked "Current thread": the
+    signal may have been handled on any thread that does not block it (a busy thread of the program's),
+    and :func:`where_hung` reads the current one."""
+    if ident is None or not dump.strip():
+        return dump
+    blocks = re.split(r"\n(?=Thread 0x|Current thread 0x)", dump.strip())
+    main = [b for b in blocks if (m := _THREAD_HEAD.match(b)) and int(m.group(2), 16) == ident]
+    if not main:
+        return dump
+    rest = [_THREAD_HEAD.sub(r"Thread \2\3", b, count=1) for b in blocks if b is not main[0]]
+    first = _THREAD_HEAD.sub(r"Current thread \2\3", main[0], count=1)
+    return "\n\n".join([first] + rest) + "\n"
 
 
 def where_hung(stack: str) -> str:

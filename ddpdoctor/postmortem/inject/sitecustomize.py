@@ -61,8 +61,9 @@ In each registered process it:
   where it cannot be loaded, the arguments are left out.
 
 Then it imports the ``sitecustomize`` that was next on the path, if any. It imports nothing from
-torch, nor the ddpdoctor package (only the standard-library-only ``redact.py``, by path), and never
-raises: a failure here must not break the user's job.
+torch, nor the ddpdoctor package (only standard-library-only modules, by path: ``redact.py``, and the
+stack thread's ``_ddpdoctor_threadstacks.py`` beside this file, a copy of ``system/threadstacks.py``),
+and never raises: a failure here must not break the user's job.
 """
 
 import os
@@ -481,92 +482,28 @@ def _ddpdoctor_progress_period(beat):
         return max(0.5, beat)
 
 
-def _ddpdoctor_text(s, limit=500):
-    """``s`` as faulthandler writes names: printable ASCII kept, every other character escaped (``\\xNN``,
-    ``\\uNNNN``, ``\\UNNNNNNNN``), cut at ``limit`` characters with ``...``."""
-    out = []
-    for ch in s[:limit]:
-        n = ord(ch)
-        out.append(ch if 32 <= n < 127 else f"\\x{n:02x}" if n <= 0xFF else f"\\u{n:04x}" if n <= 0xFFFF
-                   else f"\\U{n:08x}")
-    return "".join(out) + ("..." if len(s) > limit else "")
-
-
-def _ddpdoctor_stack_dump(main_id, skip):
-    """Every thread's Python stack but ``skip``'s, in faulthandler's format (the main thread first, at
-    most 100 frames each), read under the GIL: each thread is paused where it can be read whole, so
-    the reading never follows a frame that is being freed, as faulthandler's all-threads dump from a
-    signal handler can (CPython issue 116008: a crash of the process it reads)."""
-    frames = sys._current_frames()
-    order = sorted((t for t in frames if t != skip), key=lambda t: t != main_id)
-    parts = []
-    for ident in order:
-        lines = [f"Thread 0x{ident:016x} (most recent call first):"]
-        frame, depth = frames[ident], 0
-        while frame is not None:
-            if depth == 100:
-                lines.append("  ...")
-                break
-            code = frame.f_code
-            line = frame.f_lineno
-            lines.append(f'  File "{_ddpdoctor_text(code.co_filename)}", line {line if line is not None else "???"} '
-                         f"in {_ddpdoctor_text(code.co_name)}")
-            frame, depth = frame.f_back, depth + 1
-        parts.append("\n".join(lines) + "\n")
-    frames = frame = None
-    return "\n".join(parts)
-
-
 def _ddpdoctor_stack_thread(run_dir, signum, main_id):
     """A daemon thread that answers ``ddpdoctor run``'s and ``ddpdoctor stacks``' stack requests: when
     ``stackreq-<pid>`` in the run directory changes (it holds a token), it appends every thread's stack
     and the line ``# ddpdoctor stacks end <token>`` to ``stackans-<pid>.txt``, in one write (a file of
     its own: run's hang detector subtracts this thread's I/O, and faulthandler's ``stacks-<pid>.txt``
-    by its size, so no byte is subtracted twice). Read under the GIL, not by faulthandler from a signal handler: that walks other threads' frames while they run and
-    can crash the process it reads (a busy DataLoader thread, this hook's own beat). The signal stays
-    as the fallback for a process whose GIL is held where no thread can take it (a C call stuck
-    without releasing it): then no other thread runs Python, and the dump is safe. It looks at one
-    file's status ten times a second."""
-    import threading
-    import time
+    by its size, so no byte is subtracted twice). Read under the GIL, not by faulthandler from a signal
+    handler: that walks other threads' frames while they run and can crash the process it reads (a busy
+    DataLoader thread, this hook's own beat; CPython issue 116008). The signal stays as the fallback for
+    a process whose GIL is held where no thread can take it (a C call stuck without releasing it): then
+    no other thread runs Python, and the dump is safe. The thread and the format are ddpdoctor's
+    ``system/threadstacks.py`` (``ddpdoctor check``'s workers use it too), copied beside this file as
+    ``_ddpdoctor_threadstacks.py`` and loaded by its path; it looks at one file's status ten times a
+    second. (thread, answers' path); raises when the module cannot be loaded (readers use the signal)."""
+    import importlib.util
 
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_ddpdoctor_threadstacks.py")
+    spec = importlib.util.spec_from_file_location("_ddpdoctor_threadstacks", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     request = os.path.join(run_dir, f"stackreq-{os.getpid()}")
     answers = os.path.join(run_dir, f"stackans-{os.getpid()}.txt")
-    stack_fd = os.open(answers, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-
-    def seen():
-        return _ddpdoctor_file_state(request)
-
-    def answer():
-        try:  # stack requests by signal are for the main thread (see beat)
-            import signal
-
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
-        except (AttributeError, OSError, ValueError):
-            pass
-        me = threading.get_ident()
-        last = seen()
-        while True:
-            time.sleep(0.1)
-            now = seen()
-            if now is None or now == last:
-                continue
-            last = now
-            try:
-                with open(request, "rb") as f:
-                    token = f.read(64).decode("ascii", "replace").strip()
-                if not token.isalnum():
-                    continue  # a request being replaced, or not one of ddpdoctor's: the next look reads it
-                text = _ddpdoctor_stack_dump(main_id, me) + f"# ddpdoctor stacks end {token}\n"
-                data = text.encode("ascii", "replace")
-                while data:  # one write in practice (O_APPEND): a reader sees the end line last
-                    data = data[os.write(stack_fd, data):]
-            except Exception:  # noqa: BLE001 - never break the job: the reader falls back to the signal
-                pass
-
-    thread = threading.Thread(target=answer, name="ddpdoctor-stacks", daemon=True)
-    thread.start()
-    return thread, answers
+    return module.start_answering(request, answers, main_id, block=signum), answers
 
 
 def _ddpdoctor_install(role):
