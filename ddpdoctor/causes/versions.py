@@ -46,7 +46,8 @@ NCCL_KNOWN_BUGS = (
 
 NCCL_OUTDATED = ((2, 0, 0),
                  "NCCL 1.x is the line before NCCL 2 (1.3.4 was its last open-source release, PCIe only; NCCL 2, "
-                 "released in July 2017, replaced it), and programs and tests written for NCCL 2 do not run on it",
+                 "released in July 2017, replaced it); NCCL 1's tests and programs are not meant to run with NCCL 2 or the other "
+                 "way round (a maintainer, NVIDIA/nccl#123): build everything against one current NCCL",
                  "NVIDIA/nccl#91, NVIDIA/nccl#123")
 """explain7: releases older than the first element are outdated: (first current release, the fact, its sources)."""
 
