@@ -635,8 +635,7 @@ def _read_explain7(lines: Sequence[str], found: dict, add: Callable, note: Calla
         fact = outdated_nccl(lines)
         if fact:
             m = found["nccl-unhandled-cuda"]
-            how = (f"{fact} Install a current NCCL (and rebuild what links it, such as nccl-tests) before anything "
-                   "else")
+            how = f"{fact} Install a current NCCL and rebuild what links it (nccl-tests, an extension) first."
             m.ranked = [("nccl-release-outdated", how)] + [c for c in m.candidates
                                                            if c[0] != "nccl-known-bug"][:2]
             note("nccl-unhandled-cuda", fact)
