@@ -325,3 +325,113 @@ def test_nccls_internal_error_is_a_family_and_a_topology_file_goes_first():
     # an NCCL WARN that names the subsystem says more than the bare internal error
     ib = "host:1:2 [0] transport/net_ib/connect.cc:412 NCCL WARN NET/IB : Trying to use non-existent virtual device 3\n"
     assert [x.cause.id for x in explain_text(ib + err)] == ["nccl-warn-ib"]
+
+
+# --- explain7: heldout5's classes, on the wordings users paste (torch's, accelerate's and DeepSpeed's own texts) ------
+
+def test_a_sigkilled_dataloader_worker_is_a_family_and_the_oom_killers_line_decides_it():
+    # torch/utils/data/_utils/signal_handling.py's wording, as the worker's SIGKILL is reported
+    killed = "RuntimeError: DataLoader worker (pid 123140) is killed by signal: Killed."
+    m = _one(killed)
+    assert m.cause.id == "dataloader-worker-killed"
+    assert [c for c, _ in m.candidates] == ["host-oom", "too-many-dataloader-workers", "scheduler-kill"]
+    assert all(how for _, how in m.candidates)
+    for decisive in ("[4711.2] Out of memory: Killed process 123140 (python) total-vm:9123456kB, anon-rss:812345kB",
+                     "[4711.1] python invoked oom-killer: gfp_mask=0x100cca(GFP_HIGHUSER_MOVABLE), order=0",
+                     "[4711.2] Memory cgroup out of memory: Killed process 123140 (python)",
+                     "slurmstepd: error: Detected 1 oom_kill event in StepId=44.0. Some of your processes may have "
+                     "been killed by the cgroup out-of-memory handler."):
+        assert [x.cause.id for x in explain_text(killed + "\n" + decisive)] == ["host-oom"], decisive
+    # the other bare SIGKILL forms stay a family too (none names host-oom alone)
+    for bare in ("subprocess.CalledProcessError: Command '['/usr/bin/python', '-u', 'train.py']' died with "
+                 "<Signals.SIGKILL: 9>.",
+                 "torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) local_rank: 0 (pid: 7) of binary: "
+                 "/usr/bin/python",
+                 "[launch.py:324:sigkill_handler] ['/usr/bin/python', '-u', 'train.py'] exits with return code = -9"):
+        assert _one(bare).candidates[0][0] == "host-oom" and len(_one(bare).candidates) == 3, bare
+
+
+def test_a_connect_timeout_to_the_store_is_a_family_and_an_address_rules_out_resolution():
+    # torchrun's c10d rendezvous (torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py), as pasted
+    rdzv = ("torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d store has "
+            "failed. See inner exception for details.\nRuntimeError: connect() timed out. Original timeout was 60000 ms.")
+    m = _one(rdzv)
+    assert m.cause.id == "store-connect-timeout"
+    assert [c for c, _ in m.candidates] == ["rendezvous-unreachable", "master-host-unresolved", "master-not-started"]
+    for bare in ("RuntimeError: Connection timed out", "Connection timed out"):
+        assert _one(bare).cause.id == "store-connect-timeout", bare
+    # TCPStore's newer wording names the host: an address leaves name resolution out, a name is said
+    ip = ("torch.distributed.DistNetworkError: The client socket has timed out after 600s while trying to connect to "
+          "(10.1.2.3, 29500).")
+    assert [c for c, _ in _one(ip).candidates] == ["rendezvous-unreachable", "master-not-started"]
+    name = "torchrun --nnodes 2 --rdzv-endpoint node-a:29400 train.py\n" + rdzv
+    m = _one(name)
+    assert m.candidates[0][0] == "rendezvous-unreachable" and "getent hosts node-a" in m.meaning
+    # a name that does not resolve at all is said by the resolver: that decides it
+    gai = rdzv + "\n[W socket.cpp:601] [c10d] The IPv6 network addresses of (node-a, 29400) cannot be retrieved (gai error: -2 - Name or service not known)."
+    assert [x.cause.id for x in explain_text(gai)] == ["master-host-unresolved"]
+
+
+def test_tensors_on_two_devices_is_a_family_read_by_the_devices_and_the_frames():
+    # ATen's check, as torch prints it and as users quote it (without "Expected", without the space)
+    for text in ("RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:1 "
+                 "and cuda:0!",
+                 "all tensors to be on the same device,but found at least two devices,cuda:1 and cuda:0"):
+        m = _one(text)
+        assert m.cause.id == "tensors-on-different-devices", text
+        assert [c for c, _ in m.candidates] == ["module-device-mismatch", "input-on-wrong-device",
+                                                "checkpoint-map-location"]
+    cpu = "RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!"
+    assert _one(cpu).candidates[0][0] == "input-on-wrong-device"
+    old = "RuntimeError: Expected object of device type cuda but got device type cpu for argument #1 'self' in call to _th_addmm"
+    assert _one(old).candidates[0][0] == "input-on-wrong-device"
+    step = ('  File "/opt/venv/lib/python3.10/site-packages/torch/optim/adam.py", line 157, in step\n'
+            "RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:1 and cuda:0!")
+    assert _one(step).candidates[0][0] == "checkpoint-map-location"
+
+
+def test_a_bare_env_keyerror_with_the_frame_that_read_it_is_no_launcher_env():
+    # the KeyError's message alone on its line (its name lost in the paste), then the frame reading os.environ
+    text = ("'LOCAL_RANK'\n\nDuring handling of the above exception, another exception occurred:\n\n"
+            '  File "/src/utils/dist_util.py", line 22, in setup_dist\n'
+            '    th.cuda.set_device(int(os.environ["LOCAL_RANK"]))\n')
+    m = _one(text)
+    assert m.cause.id == "no-launcher-env" and "os.environ[\"LOCAL_RANK\"]" in m.meaning
+    # the quoted name alone, or with a frame reading another variable, names nothing
+    assert explain_text("'LOCAL_RANK'\n") == []
+    assert explain_text("'LOCAL_RANK'\n    rank = int(os.environ['RANK'])\n") == []
+
+
+def test_the_fragments_users_quote_name_their_causes():
+    # DeepSpeed's launcher ("exits with return code = -7") as quoted: -7 is SIGBUS, /dev/shm
+    assert [m.cause.id for m in explain_text("训练退出 return code=-7")] == ["shm-too-small"]
+    # the DataLoader's bus error message, quoted in part
+    for text in ("ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared "
+                 "memory (shm).",
+                 "This might be caused by insufficient shared memory (shm).",
+                 "got a bus error, insufficient shared mem (shm) it says"):
+        assert [m.cause.id for m in explain_text(text)] == ["shm-too-small"], text
+    # accelerate's wordings of a quantized model placed off the rank's GPU (8-bit then "8-bit or 4-bit"), and its
+    # device_map='auto' check (src/accelerate/accelerator.py)
+    for text in ("ValueError: You can't train a model that has been loaded in 8-bit precision on a different device "
+                 "than the one you're training on.",
+                 "ValueError: You can't train a model that has been loaded in 8-bit or 4-bit precision on a different "
+                 "device than the one you're training on. Make sure you loaded the model on the correct device using "
+                 "for example `device_map={'':torch.cuda.current_device()}`",
+                 "ValueError: You can't train a model that has been loaded in 8-bit precision on multiple devices in "
+                 "any distributed mode.",
+                 "ValueError: You can't train a model that has been loaded with `device_map='auto'` in any distributed "
+                 "mode. Please rerun your script specifying `--num_processes=1`"):
+        assert [m.cause.id for m in explain_text(text)] == ["quantized-device-map"], text
+
+
+def test_an_nccl_1x_release_puts_the_outdated_release_first_in_the_unhandled_cuda_family():
+    log = ("# NCCL Tests compiled with NCCL 1.0\n# Using devices\n"
+           "NCCL failure all_reduce.cu:95 'unhandled cuda error'\n")
+    m = _one(log)
+    assert m.cause.id == "nccl-unhandled-cuda"
+    assert [c for c, _ in m.candidates] == ["nccl-release-outdated", "cuda-driver-mismatch", "gpu-bad-state"]
+    assert "NVIDIA/nccl#91" in m.meaning
+    # a current release leaves the family as it was
+    new = _one("NCCL version 2.21.5+cuda12.4\ntorch.distributed.DistBackendError: NCCL error: unhandled cuda error")
+    assert [c for c, _ in new.candidates] == ["cuda-driver-mismatch", "nccl-known-bug", "gpu-bad-state"]

@@ -212,9 +212,12 @@ def test_fifth_heldout_set_is_new():
 def test_the_fifth_held_out_set_keeps_its_score():
     """Scored once, after cppmine's and explain6's catalogue work (RESULTS.md): 16 of 31 right (51.6%), 1 partial,
     2 wrong (414: a DataLoader worker 'killed by signal: Killed' named host-oom; 422: the C10d store's connect()
-    timeout named rendezvous-unreachable where the node's hostname did not resolve), 12 unknown. It may not fall
-    back, and no other case may become wrong."""
+    timeout named rendezvous-unreachable where the node's hostname did not resolve), 12 unknown. Worked on after it
+    was seen (explain7: a SIGKILLed DataLoader worker and the store's connect timeout as families, the fragments users
+    quote: tensors on two devices, a bare 'LOCAL_RANK', 'return code=-7', accelerate's 8-bit wording, the DataLoader's
+    shm message, NCCL 1.x): 22 right, 3 partial (414, 422, 438), none wrong, 6 unknown. It may not fall back, and no
+    case may become wrong."""
     results = score.run(FIFTH)
     wrong = {c["id"] for c, _, o in results if o == "wrong"}
-    assert wrong <= {"414", "422"}, sorted(wrong)
-    assert [o for _, _, o in results].count("right") >= 16, [(c["id"], o) for c, _, o in results if o != "right"]
+    assert not wrong, sorted(wrong)
+    assert [o for _, _, o in results].count("right") >= 22, [(c["id"], o) for c, _, o in results if o != "right"]

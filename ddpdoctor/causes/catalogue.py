@@ -146,8 +146,11 @@ CAUSES: tuple = (
           "save model.module.state_dict() from the wrapper; to load an old checkpoint, strip the prefix: "
           "torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(sd, 'module.')"),
     Cause("quantized-device-map", "a quantized (8/4-bit) model placed across GPUs under data parallel",
-          (r"You can't train a model that has been loaded in 8-bit precision on multiple devices",
-           r"You can't train a model that has been loaded in 8-bit or 4-bit precision on (?:a different device|multiple devices)"),
+          # explain7: accelerate's wordings over its releases (8-bit, then "8-bit or 4-bit"; "multiple devices", then
+          # "a different device than the one you're training on"), and its device_map='auto' check
+          (r"You can't train a model that has been loaded in (?:8-bit|4-bit|8-bit or 4-bit) precision on "
+           r"(?:a different device|multiple devices)",
+           r"You can't train a model that has been loaded with `?device_map='auto'`? in any distributed mode"),
           "The model was loaded with device_map='auto' (spread over every GPU) and then trained with one "
           "process per GPU (DDP, accelerate launch): each rank's copy must sit on that rank's GPU. A quantized "
           "model cannot be moved after loading, so the data-parallel wrapper refuses it.",
@@ -171,6 +174,32 @@ CAUSES: tuple = (
               ("model-on-wrong-gpu", "the parameters are all on one other GPU (device_ids[0] is the rank's, they are "
                                      "on cuda:0): call torch.cuda.set_device(local_rank) first and move the model "
                                      "with .to(local_rank) before wrapping"))),
+    # explain7: ATen's device check, the commonest device error under DDP; quoted with or without "Expected"
+    Cause("tensors-on-different-devices", "one operation got tensors on two devices: one of three causes",
+          (r"tensors to be on the same device,\s{0,3}but found at least two devices",
+           r"Expected object of device type \w{1,12} but got device type \w{1,12}",
+           r"to have the same device as tensor for argument #\d{1,3} '\w{1,40}'; but device \d{1,4} does not equal"),
+          "An operation was given tensors on two devices (the message names them: two GPUs, or a GPU and the "
+          "CPU). Under data parallel each rank's model, batch and every tensor it makes must be on that rank's "
+          "GPU. Three things put one elsewhere: the model itself spread over GPUs (device_map='auto', a "
+          "model-parallel device list), a tensor the code made or moved to another device (.cuda() or "
+          "device='cuda' without set_device is GPU 0; a batch left on the CPU), or a checkpoint's optimizer state "
+          "loaded onto the GPU it was saved from.",
+          "print({p.device for p in model.parameters()}) and the batch's .device in each rank; the traceback's last "
+          "frame of your code (forward, the loss, optimizer.step)",
+          "the fix of the candidate the devices and the traceback point at (see the candidates)",
+          candidates=(
+              ("module-device-mismatch", "two GPUs, and the model's own parameters are on both (from_pretrained("
+                                         "device_map='auto'), a device list such as [0,1], layers placed by hand) "
+                                         "while data parallel gives each rank one GPU: put each rank's whole model "
+                                         "on its own GPU (device_map={'': local_rank}, .to(local_rank))"),
+              ("input-on-wrong-device", "the model is on one device and an input, a label or a tensor made in "
+                                        "forward is on another (cuda:0 from .cuda() or device='cuda' without "
+                                        "torch.cuda.set_device(local_rank), or the CPU): move it with "
+                                        ".to(x.device) / .to(local_rank), and call set_device first"),
+              ("checkpoint-map-location", "it fails in optimizer.step() or after resuming: torch.load put the "
+                                          "saved tensors on the GPU they were saved from; load with "
+                                          "map_location=f'cuda:{local_rank}' (or 'cpu')"))),
     Cause("cuda-devices-busy", "CUDA devices busy or unavailable: one of three causes",
           (r"CUDA-capable device\(s\) is/are busy or unavailable",
            r"all CUDA-capable devices are busy or unavailable"),
@@ -773,7 +802,9 @@ CAUSES: tuple = (
            r"Error while creating shared memory segment",
            r"failed to extend /dev/shm/",
            r"Caught signal 7 \(Bus error",
-           r"SIGBUS received"),
+           r"SIGBUS received",
+           # explain7: the DataLoader's message in part, as users quote it (its stable words: bus error ... (shm))
+           r"[Bb]us error.{0,120}?\(shm\)", r"insufficient shared memory \(shm\)"),
           "Shared memory ran out: DataLoader workers pass batches and NCCL passes data between local ranks "
           "through /dev/shm, and containers get 64 MB by default (16 MB on some CI images). A full /dev/shm "
           "shows up as a bus error (SIGBUS) or a failed segment.",
@@ -807,8 +838,32 @@ CAUSES: tuple = (
                            "ranks per node, smaller prefetch, or more RAM"),
               ("dataloader-worker-error", "neither: with num_workers=0 the dataset's own error (or a crash in a "
                                           "native library it calls) shows in the main process; fix that"))),
+    # explain7: a DataLoader worker killed by SIGKILL is a family (heldout5's 414 was host-oom with confidence where
+    # the thread settled on fewer workers); the OOM killer's own lines (host-oom's patterns) decide it.
+    Cause("dataloader-worker-killed", "a DataLoader worker was killed (SIGKILL): one of three causes",
+          (r"DataLoader worker \(pid(?:\(s\))? [\d, ]{1,200}\) is killed by signal: Killed",),
+          "A DataLoader worker process got SIGKILL ('Killed', exit -9), nearly always from an out-of-memory "
+          "killer: host memory grows with ranks per node x num_workers x what each worker holds (its copy of the "
+          "dataset's Python objects, prefetched batches). Which limit it hit, and what to lower, is read outside "
+          "the log: the kernel's log, the container's or scheduler's memory limit, the worker count against the "
+          "machine.",
+          "dmesg -T | grep -i -e oom -e 'killed process' (the worker's pid); the container's or job's memory limit "
+          "(docker stats, sacct -o MaxRSS, kubectl describe pod); num_workers x ranks per node against nproc and "
+          "free -h",
+          "the fix of the candidate the checks point at (see the candidates)",
+          candidates=(
+              ("host-oom", "dmesg names the OOM killer and the worker's pid, with the node's RAM full: lower memory "
+                           "per node (fewer ranks or workers, no CPU offload, lazy dataset loading) or add RAM"),
+              ("too-many-dataloader-workers", "more workers than the machine carries (num_workers x ranks per node "
+                                              "above its CPU cores, each worker holding a copy of the dataset): it "
+                                              "passes with num_workers=2 or 0; use fewer workers"),
+              ("scheduler-kill", "the container's or the job's memory limit, not the machine's, was reached "
+                                 "(OOMKilled in kubectl describe pod, sacct's MaxRSS at --mem, docker's --memory): "
+                                 "raise the limit or use fewer workers"))),
     Cause("host-oom", "killed by the host's out-of-memory killer",
-          (r"is killed by signal: Killed",
+          (r"Out of memory: Kill(?:ed)? process \d+",
+           r"invoked oom-killer",
+           r"Memory cgroup out of memory",
            r"oom[-_]kill event",
            r"srun: error: \S+: task \d+: Out Of Memory"),
           "A process got SIGKILL (exit -9, 'Killed'), which in training jobs is almost always the kernel's or "
@@ -907,12 +962,38 @@ CAUSES: tuple = (
           "ddpdoctor check --only process-group (run on every node); getent hosts $(hostname)",
           "set GLOO_SOCKET_IFNAME to the interface the nodes share (e.g. eth0), or fix /etc/hosts so "
           "the hostname resolves to that interface's address"),
-    Cause("rendezvous-unreachable", "rendezvous connect timeout or refused",
+    # explain7: a connect to the store that timed out is a family (heldout5's 422 was one confident cause where the
+    # thread settled on the node's host name in /etc/hosts); evidence.py orders it by the host the log names.
+    Cause("store-connect-timeout", "the connection to the rendezvous store timed out: one of three causes",
           (r"client socket has timed out after \d+m?s while trying to connect to",
-           r"connect\(\) timed out", r"^RuntimeError: Connection timed out\s*$",
-           r"Timed out initializing process group in store based barrier",
+           r"connect\(\) timed out", r"^(?:RuntimeError: )?Connection timed out\s*$",
            r"TCP client failed to connect/validate to host",
-           r"RendezvousTimeoutError|RendezvousConnectionError",
+           r"RendezvousConnectionError",
+           r"[Tt]he connection to the C10d store has failed"),
+          "A rank (or torchrun's agent) tried to connect to the rendezvous store (MASTER_ADDR:MASTER_PORT, or "
+          "--rdzv-endpoint) and no connection was made before the timeout. Several causes print it alike: the "
+          "address cannot be reached from this node (a firewall, a wrong MASTER_ADDR or endpoint, the master on an "
+          "interface the nodes do not share); a host name that resolves to the wrong address on a node (c10d "
+          "rendezvous hands out the master's own host name; /etc/hosts maps it to 127.0.1.1, an old address, or "
+          "not at all); or the node that hosts the store started late or failed first.",
+          "nc -zv MASTER_ADDR MASTER_PORT from every node (ddpdoctor check --only port); getent hosts <the host "
+          "name> and getent hosts $(hostname) on every node; the master node's own log",
+          "the fix of the candidate the checks point at (see the candidates)",
+          candidates=(
+              ("rendezvous-unreachable", "nc -zv ADDR PORT fails from this node while the master runs: a firewall, "
+                                         "a wrong MASTER_ADDR or --rdzv-endpoint, or an address on an interface the "
+                                         "nodes do not share; give every node an address it can reach and open the "
+                                         "port"),
+              ("master-host-unresolved", "the store's host is a name (--rdzv-endpoint or MASTER_ADDR, or the host "
+                                         "name c10d hands out): getent hosts NAME on each node gives no address, "
+                                         "127.0.1.1 or a wrong one; add the real address to /etc/hosts on every "
+                                         "node (and this node's own name), or use an IP"),
+              ("master-not-started", "the node hosting the store was not up yet or failed first (its own log "
+                                     "shows an error, or it was launched later than the timeout): start every "
+                                     "node together, fix its error, or raise the rendezvous timeout"))),
+    Cause("rendezvous-unreachable", "rendezvous connect timeout or refused",
+          (r"Timed out initializing process group in store based barrier",
+           r"RendezvousTimeoutError",
            r"Timed out after \d+ seconds waiting for clients",
            r"The client socket has failed to connect to any network address"),
           "A rank could not reach the rendezvous store on MASTER_ADDR:MASTER_PORT, or the master waited "
@@ -1121,7 +1202,7 @@ CAUSES: tuple = (
           (r"Signal \d+ \((SIG[A-Z0-9]+)\) received by PID \d+",
            r"died with <Signals\.(SIG[A-Z0-9]+): \d+>",
            r"exitcode\s*:\s*-(\d{1,9}) \(pid",  # a signal number: bounded (int() refuses 4300+ digits)
-           r"failed \(exitcode: -(\d{1,9})\)", r"[Ee]xits with return code = -(\d{1,9})(?!\d)",
+           r"failed \(exitcode: -(\d{1,9})\)", r"[Rr]eturn code ?= ?-(\d{1,9})(?!\d)",  # DeepSpeed's "exits with return code = -7", as quoted
            r"\b(SIG[A-Z0-9]{1,12}) received by PID \d+"),
           "A rank process ended by a signal, not an exception.",
           "dmesg | grep -i -e oom -e killed (SIGKILL); ddpdoctor check --only env (memory, /dev/shm)",

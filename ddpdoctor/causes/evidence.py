@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-from ddpdoctor.causes.versions import known_nccl_bug, version_facts
+from ddpdoctor.causes.versions import known_nccl_bug, outdated_nccl, version_facts
 from ddpdoctor.system.redact import shorten
 from ddpdoctor.system.stackframes import is_user, shown_path
 
@@ -414,9 +414,12 @@ SUBSUMED_BY = {
     "nccl-system-error": ("shm-too-small", "shm-permission", "nccl-wrong-interface", "nccl-ib-network",
                           "socket-ifname-missing", "nccl-remote-error"),
     "shm-too-small": ("shm-permission",),
-    "dataloader-worker-exited": ("shm-too-small", "shm-permission", "host-oom"),
+    "dataloader-worker-exited": ("shm-too-small", "shm-permission", "host-oom", "dataloader-worker-killed"),
+    "dataloader-worker-killed": ("host-oom",),  # explain7: the OOM killer's own line decides the family
+    "store-connect-timeout": ("master-host-unresolved", "nccl-wrong-interface", "slurm-tasks-mismatch",
+                              "gloo-connect-full-mesh", "gloo-hostname-unresolved", "socket-ifname-missing"),
     "rendezvous-unreachable": ("master-host-unresolved", "nccl-wrong-interface", "slurm-tasks-mismatch"),
-    "connection-refused": ("rendezvous-unreachable", "master-host-unresolved", "nccl-wrong-interface",
+    "connection-refused": ("rendezvous-unreachable", "store-connect-timeout", "master-host-unresolved", "nccl-wrong-interface",
                            "socket-ifname-missing", "slurm-tasks-mismatch", "nccl-remote-error", "nccl-ib-network"),
     "pickle-error": ("spawn-pickle",),
     "peer-closed": ("nccl-remote-error", "nccl-ib-network", "nccl-wrong-interface"),
@@ -571,10 +574,86 @@ def _read_explain6(lines: Sequence[str], found: dict, ev: Evidence, add: Callabl
                    "")
         if off:
             _rank_first(found, "autograd-inplace", "inplace-op-in-model", f"buffers' broadcast already off: '{off}'")
+    _read_explain7(lines, found, add, note)
     # DDP around a model spread over GPUs: a launcher that started several processes from one config reads as one
     # process meant; several processes a user asked for (--nproc-per-node above 1) read as a process per GPU.
     if "multi-device-module-ddp" in found and ev.nproc is not None and ev.nproc > 1:
         _rank_first(found, "multi-device-module-ddp", "quantized-device-map", f"--nproc-per-node {ev.nproc}")
+
+
+# explain7: the store's host as the log names it (an endpoint, MASTER_ADDR, tcp://, the store's own "trying to connect
+# to (HOST, PORT)"); a name, not an address, puts its resolution first.
+_STORE_HOST = re.compile(r"(?:--rdzv[-_]endpoint[= ]|--master[-_]addr[= ]|MASTER_ADDR[= ]|\btcp://|"
+                         r"trying to connect to \(|to host )['\"]?\[?([A-Za-z0-9][\w.:-]{0,100}?)\]?['\"]?(?=[:, )'\"]|$)")
+_IP = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}|[0-9A-Fa-f:]*:[0-9A-Fa-f:]*")
+_LOCAL_NAMES = ("localhost", "0.0.0.0")
+# The KeyError's message alone on its line (the exception's name lost in the paste), and a frame reading that variable.
+_BARE_ENV_KEY = re.compile(r"^\s{0,8}'(RANK|LOCAL_RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT)'\s*$")
+_ENV_READ = re.compile(r"os\.environ\[['\"](RANK|LOCAL_RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT)['\"]\]")
+_OPTIM_SIGN = re.compile(r"/torch/optim/|optimizer\.step\(|\.load_state_dict\(|_multi_tensor_|map_location")
+_DEVICES_SAID = re.compile(r"found at least two devices,\s{0,3}([\w:]{1,12}) and ([\w:]{1,12})|"
+                           r"Expected object of device type \w{1,12} but got device type \w{1,12}")
+
+
+def _read_explain7(lines: Sequence[str], found: dict, add: Callable, note: Callable) -> None:
+    """explain7's readings (heldout5's classes): the store's host a connect timeout names, the devices and the frames
+    of "tensors on two devices", an NCCL too old for this century's jobs, and a bare ``'LOCAL_RANK'`` with the frame
+    that read it."""
+    if "store-connect-timeout" in found:
+        host = ""
+        for raw in lines:
+            line = raw[:MAX_LINE]
+            if ("endpoint" in line or "addr" in line or "ADDR" in line or "tcp://" in line or "connect to" in line
+                    or "to host" in line):
+                m = _STORE_HOST.search(line)
+                if m:
+                    host = m.group(1).rstrip(".")
+                    break
+        # A name is weak evidence (most multi-node jobs use names, and most of their timeouts are unreachable
+        # addresses: putting resolution first made the older corpus's 034 partial), so it is said, not ranked; an
+        # address rules resolution out.
+        m = found["store-connect-timeout"]
+        if host and host not in _LOCAL_NAMES and not _IP.fullmatch(host):
+            note("store-connect-timeout", f"The store's host is a name ({host}): run getent hosts {host} on every "
+                                          "node, as well as the checks for an unreachable address.")
+        elif host:
+            m.ranked = [c for c in m.candidates if c[0] != "master-host-unresolved"]
+            note("store-connect-timeout", f"The store's host is an address ({host}): no name is resolved, so it is "
+                                          "one of two causes.")
+    if "tensors-on-different-devices" in found:
+        said = found["tensors-on-different-devices"].evidence
+        m = _DEVICES_SAID.search(said)
+        devices = {m.group(1), m.group(2)} if m and m.group(1) else set()
+        optim = next((ln.strip() for ln in lines if ("optim" in ln or "state_dict" in ln or "map_location" in ln)
+                      and _OPTIM_SIGN.search(ln[:MAX_LINE])), "")
+        if optim:
+            _rank_first(found, "tensors-on-different-devices", "checkpoint-map-location", optim)
+        elif (m and not m.group(1)) or "cpu" in devices:
+            _rank_first(found, "tensors-on-different-devices", "input-on-wrong-device",
+                        "one of the two devices is the CPU: a model spread over GPUs does not put a tensor there")
+    if "nccl-unhandled-cuda" in found:
+        fact = outdated_nccl(lines)
+        if fact:
+            m = found["nccl-unhandled-cuda"]
+            how = f"{fact} Install a current NCCL and rebuild what links it (nccl-tests, an extension) first."
+            m.ranked = [("nccl-release-outdated", how)] + [c for c in m.candidates
+                                                           if c[0] != "nccl-known-bug"][:2]
+            note("nccl-unhandled-cuda", fact)
+    if not found or all(c in AREA for c in found):
+        key = ""
+        for raw in lines:
+            line = raw[:MAX_LINE]
+            if not key and line[:12].strip().startswith("'"):
+                b = _BARE_ENV_KEY.match(line)
+                key = b.group(1) if b else ""
+            elif key and "environ[" in line:
+                r = _ENV_READ.search(line)
+                if r and r.group(1) == key:
+                    for cid in [c for c in found if c in AREA]:
+                        del found[cid]
+                    if add("no-launcher-env", line.strip()):
+                        note("no-launcher-env", f"The KeyError '{key}' comes from this line: '{shorten(line.strip(), 100)}'.")
+                    break
 
 
 def _fmt_secs(secs: int) -> str:
@@ -728,6 +807,8 @@ def refine(lines: Sequence[str], found: dict, by_id: dict, make: Callable) -> Ev
     if ("killed-by-signal" in found and found["killed-by-signal"].extra.startswith("SIGKILL")
             and ev.host_mem_pct is not None and ev.host_mem_pct >= 85):
         add("host-oom", like="killed-by-signal")
+    if "dataloader-worker-killed" in found and ev.host_mem_pct is not None and ev.host_mem_pct >= 85:
+        add("host-oom", like="dataloader-worker-killed")  # explain7: a killed worker with the host's memory full
     if "host-oom" in found and ev.host_mem_pct is not None:
         note("host-oom", f"The job printed host memory at {ev.host_mem_pct:g}% used.")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Optional, Sequence
 
-__all__ = ["NCCL_BF16", "NCCL_KNOWN_BUGS", "TORCH_BUNDLED_NCCL", "CUDA_FOR_ARCH", "versions_in", "version_facts",
+__all__ = ["NCCL_BF16", "NCCL_KNOWN_BUGS", "NCCL_OUTDATED", "outdated_nccl", "TORCH_BUNDLED_NCCL", "CUDA_FOR_ARCH", "versions_in", "version_facts",
            "known_nccl_bug"]
 
 NCCL_BF16 = (2, 10, 3)
@@ -44,7 +44,16 @@ NCCL_KNOWN_BUGS = (
 )
 """Known NCCL release bugs, read against the 'NCCL version' a log prints."""
 
+NCCL_OUTDATED = ((2, 0, 0),
+                 "NCCL 1.x is the line before NCCL 2 (1.3.4 was its last open-source release, PCIe only; NCCL 2, "
+                 "released in July 2017, replaced it); NCCL 1's tests and programs are not meant to run with NCCL 2 or the other "
+                 "way round (a maintainer, NVIDIA/nccl#123): build everything against one current NCCL",
+                 "NVIDIA/nccl#91, NVIDIA/nccl#123")
+"""explain7: releases older than the first element are outdated: (first current release, the fact, its sources)."""
+
 _NCCL = re.compile(r"NCCL version (\d+)\.(\d+)\.(\d+)")
+# Any NCCL release a log names, with two or three numbers ("NCCL version 1.3.4", nccl-tests' "compiled with NCCL 1.0").
+_NCCL_ANY = re.compile(r"\bNCCL (?:version )?(\d{1,2})\.(\d{1,3})(?:\.(\d{1,3}))?(?![\d.])")
 _TORCH = re.compile(r"(?:\btorch==|PyTorch version:? |\btorch version:? |\btorch )(\d+)\.(\d+)\.(\d+)", re.I)
 
 
@@ -91,4 +100,18 @@ def known_nccl_bug(lines: Sequence[str], family: str) -> str:
     for first, end, families, fact, source in NCCL_KNOWN_BUGS:
         if family in families and first <= nccl < end:
             return f"The log shows NCCL {_dotted(nccl)}: {fact} ({source})."
+    return ""
+
+
+def outdated_nccl(lines: Sequence[str]) -> str:
+    """The sourced fact when ``lines`` name an NCCL release older than :data:`NCCL_OUTDATED`'s first (``""``: none)."""
+    first, fact, source = NCCL_OUTDATED
+    for line in lines:
+        if "NCCL " in line:
+            m = _NCCL_ANY.search(line[:4096])
+            if m:
+                seen = tuple(int(g or 0) for g in m.groups())
+                if seen < first:
+                    return f"The log shows NCCL {'.'.join(g for g in m.groups() if g)}: {fact} ({source})."
+                return ""
     return ""
