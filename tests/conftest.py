@@ -87,6 +87,23 @@ def _slow_threshold() -> float:
     return SLOW_NOTE * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
 
 
+def pytest_addoption(parser):
+    parser.addini("serial_first", type="bool", default=False,
+                  help="run the tests marked serial first (this suite sets it in pyproject.toml)")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """The tests marked ``serial`` first, where the ini option ``serial_first`` is set (this suite's
+    pyproject.toml; a stable sort: all else keeps its order). A serial test that comes up while the other
+    xdist worker is in a test waits for that test to end (see "Tests that run alone" below), and the
+    other worker's test is most likely a long one: scattered through the collection, the twelve serial
+    tests waited on tests of up to a minute and a half. First, they run while the other worker goes
+    through the first files' short tests."""
+    if config.getini("serial_first"):
+        items.sort(key=lambda item: item.get_closest_marker("serial") is None)
+
+
 def pytest_runtest_logreport(report):
     if report.when == "call" and "slow" not in report.keywords and report.duration > _slow_threshold():
         _UNMARKED_SLOW.append((report.duration, report.nodeid))

@@ -549,9 +549,11 @@ dist.destroy_process_group()
 @pytest.mark.skipif(CpuQuota.unavailable() is not None, reason=str(CpuQuota.unavailable()))
 @pytest.mark.timeout(240)
 def test_run_names_a_cpu_starved_rank(cli_env, tmp_path):
-    """A real 4-rank job under run, every rank doing the same CPU work per step; once the ranks are up,
-    rank 2 gets 10% of one CPU (a cgroup quota): its own work per step grows several-fold and the
-    straggler score names it, window after window. (needs_netns: the same root check.)"""
+    """A real 4-rank job under run, every rank doing the same CPU work per step; once the ranks are up
+    (rank 2's first optimizer step is timed), rank 2 gets 10% of one CPU (a cgroup quota): its own work
+    per step grows several-fold and the straggler score names it, window after window. (needs_netns: the
+    same root check.) The quota comes after the start-up, not at registration: DDP's construction and the
+    first backward at 10% of a CPU took ~28 s, in which no step is timed and nothing can be named."""
     script = tmp_path / "job.py"
     script.write_text(CPU_JOB)
     run_dir = tmp_path / "run"
@@ -571,6 +573,10 @@ def test_run_names_a_cpu_starved_rank(cli_env, tmp_path):
                         continue
                     if info.get("role") == "rank" and info.get("rank") == 2:
                         pid = info["pid"]
+                time.sleep(0.05)
+            steps = run_dir / f"coll-{pid}.txt"  # rank 2's timings, "step <t> <n>" a line per optimizer step
+            while not (steps.exists() and any(line.startswith("step ") for line in steps.read_text().splitlines())):
+                assert time.monotonic() < deadline and p.poll() is None, "rank 2 never timed a step"
                 time.sleep(0.05)
             quota.add(pid)
             quota.limit(0.10)

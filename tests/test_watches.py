@@ -55,13 +55,50 @@ def verdict(run_dir) -> dict:
     return json.loads((run_dir / "verdict.json").read_text())
 
 
+def started(args, env):
+    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finished(runs, timeout=400):
+    """Wait for the ``run`` processes ``runs``, started together; each one's CompletedProcess. A run still
+    going when this ends (a failed wait) gets SIGTERM, which stops its job's whole tree, and is reaped."""
+    done = []
+    try:
+        for run in runs:
+            out, err = run.communicate(timeout=timeout)
+            done.append(subprocess.CompletedProcess(run.args, run.returncode, out, err))
+    finally:
+        for run in runs:
+            if run.poll() is None:
+                run.terminate()
+                try:
+                    run.communicate(timeout=60)
+                except subprocess.TimeoutExpired:
+                    run.kill()
+                    run.communicate()
+    return done
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_tutorial_program_without_set_epoch_is_named_and_its_fixed_twin_is_not(cli_env, tmp_path):
+    """The tutorial program as its user wrote it (mp.spawn, a DataLoader worker per rank started anew every
+    epoch: -j 1), 3 epochs: named once; its fixed twin (--set-epoch), 3 epochs too: nothing named. The two
+    jobs are independent (their own state folders and ports), so they run side by side: each one starts
+    ten Python processes that import torch, one after another, and leaves a core idle much of the time."""
     script = write_script(tmp_path, "mnist_train.py", SEED)
     port = free_port()
+    fixed_port = free_port()
+    while fixed_port == port:
+        fixed_port = free_port()
     job = [sys.executable, script, "--dist-url", f"tcp://127.0.0.1:{port}", "-j", "1", "--epochs", "3"]
-    p, run_dir = ddprun(tmp_path, _env(cli_env, tmp_path), job)
+    run_dir = tmp_path / "run"
+    fixed_dir = tmp_path / "fixed"
+    fixed_dir.mkdir()
+    p, fixed = finished([
+        started(CMD + ["run", "--hang-timeout", "20", "--dir", str(run_dir), "--", *job], _env(cli_env, tmp_path)),
+        started(CMD + ["run", "--hang-timeout", "20", "--", *job[:3], f"tcp://127.0.0.1:{fixed_port}", *job[4:],
+                       "--set-epoch"], _env(cli_env, fixed_dir))])
     assert p.returncode == 0, p.stderr[-3000:]
     named = found(p.stderr, "sampler-epoch")
     loop = f"train ({script}:{mark_line(SEED, 'seed_loop')})"
@@ -79,11 +116,7 @@ def test_tutorial_program_without_set_epoch_is_named_and_its_fixed_twin_is_not(c
     findings = page[page.index('<table class="findings">'):]
     assert "<td class=\"l\">sampler-epoch</td><td class=\"l\">0,1</td>" in findings and "set_epoch(epoch)" in findings
 
-    fixed_dir = tmp_path / "fixed"
-    fixed_dir.mkdir()
-    p = subprocess.run(CMD + ["run", "--hang-timeout", "20", "--", *job[:3], f"tcp://127.0.0.1:{free_port()}",
-                              *job[4:], "--set-epoch"], env=_env(cli_env, fixed_dir), capture_output=True,
-                       text=True, timeout=400)
+    p = fixed
     assert p.returncode == 0, p.stderr[-3000:]
     assert "[sampler-epoch]" not in p.stderr and "[desync]" not in p.stderr and "silent bug" not in p.stderr
     assert summary(p.stderr).endswith("no hang, no rank died")
