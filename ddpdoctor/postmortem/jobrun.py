@@ -274,6 +274,7 @@ class _Watch:
         self.recorder_request = None  # the last Flight Recorder dump request (ddpdoctor.postmortem.recorder)
         self.marks: dict = {}  # pid -> Mark: where a rank hung or was interrupted (the timeline's red line)
         self.verdict_at: Optional[float] = None  # when the verdict was made (monotonic): deaths after it are ours
+        self.cause_proc: Optional[_Proc] = None  # the rank the verdict named as failing first (see _verdict)
         self.verdict_doc: Optional[dict] = None  # verdict.json's content, for report.html
         self.verdict_lines: list = []
 
@@ -564,7 +565,7 @@ def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: st
     text = _tail(os.path.join(run_dir, RAW_LOG), end=log_end)
     matches = explain_text(text)
     first = first_failure(text)
-    dead = watch.first_death()
+    dead = watch.cause_proc = _launchers_vanished(first, watch.first_death(), watch)
     launcher_first = None
     if first and _after_the_cause(first, dead, watch):
         launcher_first, first = first, None  # the launcher saw a consequence exit first: never named as first
@@ -628,6 +629,18 @@ def _verdict(spec: RunSpec, run_dir: str, watch: _Watch, kind: str, headline: st
         lines.append(f"  not saved: {'; '.join(unsaved)}")
     watch.verdict_lines = lines
     return lines
+
+
+def _launchers_vanished(first: Optional[str], dead: Optional[_Proc], watch: _Watch) -> Optional[_Proc]:
+    """The rank that failed first when none left an exit record: the one the launcher's "first observed
+    failure" names, when the hook saw it vanish too. Ranks that end without a Python exit are ordered by when
+    the hook noticed them gone, and a rank the launcher then stopped (SIGTERM) can be noticed in the same
+    look as the rank it was stopped for (SIGKILL): the launcher, their parent, saw which ended first."""
+    m = re.match(r"rank (\d+) ", first or "")
+    if m is None or dead is None or dead.end is not None or dead.rank == int(m.group(1)):
+        return dead
+    named = next((p for p in watch.deaths if p.rank == int(m.group(1)) and p.end is None), None)
+    return named if named is not None else dead
 
 
 def _after_the_cause(first: str, dead: Optional[_Proc], watch: _Watch) -> bool:
@@ -867,7 +880,7 @@ class _Pictures:
         from ddpdoctor.postmortem.timeline import Mark, read_rank
 
         w = self.watch
-        first = w.first_death()
+        first = w.cause_proc or w.first_death()
         rows = []
         skew = time.time() - time.monotonic()  # the hook's exit record has the wall clock: when the rank ended
         for p in w.ranks():
@@ -909,7 +922,7 @@ class _Pictures:
             picture = RunPicture(kind, headline, self.spec.command, self.rd.path if kept else "", code, doc,
                                  self.watch.verdict_lines, rows, self.stragglers.history, self.stragglers.summary(),
                                  self.watches.to_json(), link,
-                                 first=self.watch.first_death().label if self.watch.first_death() else "")
+                                 first=getattr(self.watch.cause_proc or self.watch.first_death(), "label", ""))
             html_text = render_run_page(picture)
         except Exception as exc:  # noqa: BLE001 - the verdict is out already: a picture that fails is one line
             _say(self.spec, [f"ddpdoctor run: report.html not written: {type(exc).__name__}: {exc}"])
