@@ -342,41 +342,11 @@ def handler_installed(pid: int, signum: int) -> bool:
     return bool(m) and bool(int(m.group(1), 16) >> (signum - 1) & 1)
 
 
-@dataclass
-class _Ask:
-    """One stack request to a hook's thread: where the answer goes, from which offset, under which token."""
-
-    proc: RankProcess
-    path: str
-    start: int
-    token: str = ""
-    error: str = ""
-
-
 def _size(path: str) -> int:
     try:
         return os.path.getsize(path)
     except OSError:
         return 0
-
-
-def _request(proc: RankProcess, path: str) -> _Ask:
-    """Ask ``proc``'s hook thread for its stacks: a fresh token in ``stackreq-<pid>`` (written whole, then
-    renamed into place), when its hook has that thread (``stack_answers`` in its record: the answer's file;
-    ``path``: faulthandler's, for the fallback)."""
-    if not proc.stack_answers:
-        return _Ask(proc, path, 0)
-    ask = _Ask(proc, path, _size(proc.stack_answers))
-    try:
-        ask.token = threadstacks.ask(os.path.join(os.path.dirname(path), f"stackreq-{proc.pid}"))
-    except OSError as exc:
-        ask.error = f"cannot write the request ({exc.strerror})"
-    return ask
-
-
-def _answer(ask: _Ask) -> Optional[str]:
-    """The dump the hook's thread appended for ``ask``'s token (without its end line), or None yet."""
-    return threadstacks.answered(ask.proc.stack_answers, ask.start, ask.token)
 
 
 def _signal_dump(proc: RankProcess, path: str, wait: float) -> tuple:
@@ -409,35 +379,25 @@ def _read_handlers(procs: Sequence[tuple], wait: float) -> dict:
     thread does not answer within 60% of ``wait`` (at least a second) gets the stack signal, and
     faulthandler's dump, for the rest of it (at least a second): its GIL is held, by a C call stuck
     without releasing it (the error says so), or its hook predates the thread."""
-    asks = [_request(p, path) for p, path in procs]  # (process, its stack file)
-    started = time.monotonic()
+    requests = {p.pid: (os.path.join(os.path.dirname(path), f"stackreq-{p.pid}"), p.stack_answers)
+                for p, path in procs if p.stack_answers}
     patience = min(wait, max(1.0, 0.6 * wait))
-    answers: dict = {}
-    while True:
-        for a in asks:
-            if a.token and a.proc.pid not in answers:
-                text = _answer(a)
-                if text is not None:
-                    answers[a.proc.pid] = text
-        waiting = [a for a in asks if a.token and a.proc.pid not in answers and _alive(a.proc.pid)]
-        if not waiting or time.monotonic() - started >= patience:
-            break
-        time.sleep(0.05)
+    answers, failed = threadstacks.collect(requests, patience, alive=_alive)
     readings = {}
-    for a in asks:
-        text = answers.get(a.proc.pid)
+    for p, path in procs:
+        text = answers.get(p.pid)
         if text and text.strip():
-            text = main_thread_first(text, a.proc.main_thread)
-            readings[a.proc.pid] = StackReading(a.proc, "handler", text, place=describe_place(text))
+            text = main_thread_first(text, p.main_thread)
+            readings[p.pid] = StackReading(p, "handler", text, place=describe_place(text))
             continue
-        why = a.error or (f"its hook's thread did not answer within {patience:g}s (the GIL held?)" if a.token
-                          else "its hook has no stack thread")
-        text, err = _signal_dump(a.proc, a.path, max(1.0, wait - patience))
+        why = failed.get(p.pid) or (f"its hook's thread did not answer within {patience:g}s (the GIL held?)"
+                                    if p.pid in requests else "its hook has no stack thread")
+        text, err = _signal_dump(p, path, max(1.0, wait - patience))
         if text:
-            text = main_thread_first(text, a.proc.main_thread)
-            readings[a.proc.pid] = StackReading(a.proc, "signal", text, place=describe_place(text), fallback=why)
+            text = main_thread_first(text, p.main_thread)
+            readings[p.pid] = StackReading(p, "signal", text, place=describe_place(text), fallback=why)
         else:
-            readings[a.proc.pid] = StackReading(a.proc, "none", error=f"{why}; {err}")
+            readings[p.pid] = StackReading(p, "none", error=f"{why}; {err}")
     return readings
 
 

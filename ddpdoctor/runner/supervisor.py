@@ -15,7 +15,6 @@ reaps every child, so no process outlives the command.
 from __future__ import annotations
 
 import enum
-import errno
 import os
 import signal
 import threading
@@ -247,31 +246,11 @@ def read_stacks(targets: Mapping[int, Worker], wait: float = 1.0) -> dict[int, S
     issue 116008) and turn "hung at X" into "died of SIGSEGV"."""
     started = time.monotonic()
     patience = 0.6 * wait
-    asks: dict[int, tuple] = {}  # rank -> (offset in its answers, token): asked
-    out: dict[int, StackDump] = {}
-    unasked = set(targets)
-    while True:
-        for rank in sorted(unasked):
-            spec = targets[rank].spec
-            start = _size(spec.stack_answers)
-            try:
-                asks[rank] = (start, threadstacks.ask(spec.stack_request))
-                unasked.discard(rank)
-            except OSError as exc:
-                if exc.errno != errno.ENXIO:  # ENXIO: its thread is not waiting on the pipe now (answering?)
-                    out[rank] = StackDump(why=f"cannot write the stack request ({exc.strerror})")
-                    unasked.discard(rank)
-        for rank, (start, token) in asks.items():
-            if rank not in out:
-                text = threadstacks.answered(targets[rank].spec.stack_answers, start, token)
-                if text is not None:
-                    out[rank] = StackDump(text, "thread")
-        if len(out) == len(targets) or time.monotonic() - started >= patience:
-            break
-        time.sleep(0.01)
-    late = {r: f"its stack thread did not answer within {patience:.2g}s (the GIL held?)"
+    texts, failed = threadstacks.collect({r: (w.spec.stack_request, w.spec.stack_answers) for r, w in targets.items()},
+                                         patience, poll=0.01)
+    out = {r: StackDump(text, "thread") for r, text in texts.items()}
+    late = {r: failed.get(r, f"its stack thread did not answer within {patience:.2g}s (the GIL held?)")
             for r in targets if r not in out}
-    late.update({r: out.pop(r).why for r in list(out) if out[r].method == "none"})
     out.update(_signal_dumps({r: targets[r] for r in late}, late, started + max(wait, patience + 0.2)))
     return out
 

@@ -18,13 +18,15 @@ and the two that ask (``ddpdoctor stacks`` and ``run``, ``check``'s supervisor).
 * the answering thread (:func:`start_answering`) appends every thread's stack in faulthandler's
   format (:func:`format_stacks`) and the line ``# ddpdoctor stacks end <token>`` to the *answers*
   file, in one write;
-* the reader finds its token's answer there (:func:`answered`).
+* the reader finds its token's answer there (:func:`answered`); :func:`collect` asks several processes
+  at once and waits for their answers.
 
 Standard library only, and importable without the ddpdoctor package: ``ddpdoctor run`` copies this file
 into the job's ``.inject`` folder as ``_ddpdoctor_threadstacks.py``, where the hook loads it (the job's
 interpreter may not have ddpdoctor installed).
 """
 
+import errno
 import os
 import stat
 import sys
@@ -32,7 +34,8 @@ import threading
 import time
 import uuid
 
-__all__ = ["END", "escaped", "format_stacks", "file_state", "is_fifo", "start_answering", "ask", "answered"]
+__all__ = ["END", "escaped", "format_stacks", "file_state", "is_fifo", "start_answering", "ask", "answered",
+           "collect"]
 
 END = "# ddpdoctor stacks end "  # + the request's token: the last line of an answer
 MAX_FRAMES = 100  # per thread, as faulthandler
@@ -204,3 +207,35 @@ def answered(answers, start, token):
     begin = text.rfind(END, 0, end)  # an earlier request's answer, when two readers asked at once
     begin = 0 if begin < 0 else text.index("\n", begin) + 1
     return text[begin:end]
+
+
+def collect(requests, patience, poll=0.05, alive=None):
+    """Ask every process of ``requests`` (``{key: (request, answers)}``) at once and wait up to ``patience``
+    seconds for their answers: ``({key: text}, {key: why})``, the answers that came and why a request could
+    not be written. A named pipe whose thread is not waiting on it now (``ENXIO``: it is answering, or has
+    no GIL) is asked again until the patience ends; ``alive(key)`` False ends the wait for that process."""
+    started = time.monotonic()
+    asked = dict.fromkeys(requests)  # key -> (offset in its answers, token) once asked
+    answers, failed = {}, {}
+    while True:
+        for key, (request, where) in requests.items():
+            if key in failed or asked[key] is not None:
+                continue
+            try:
+                start = os.path.getsize(where)
+            except OSError:
+                start = 0
+            try:
+                asked[key] = (start, ask(request))
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:
+                    failed[key] = f"cannot write the stack request ({exc.strerror})"
+        for key, got in asked.items():
+            if got is not None and key not in answers:
+                text = answered(requests[key][1], *got)
+                if text is not None:
+                    answers[key] = text
+        waiting = [k for k in requests if k not in answers and k not in failed and (alive is None or alive(k))]
+        if not waiting or time.monotonic() - started >= patience:
+            return answers, failed
+        time.sleep(poll)
